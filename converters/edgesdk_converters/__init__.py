@@ -1,0 +1,1 @@
+"""Workstation side of edgesdk."""

@@ -1,0 +1,278 @@
+"""Calibration and validation data: every accepted form becomes one :class:`Dataset`.
+
+Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
+
+- an image folder, flat or with one sub-folder per class (folder names are the labels);
+  images go through the bundle's :class:`~edgesdk.preprocess.Preprocess`;
+- a ``.npy`` array of preprocessed inputs, shape ``(N, *input_shape[1:])``;
+- a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels);
+- any iterable of arrays (one input each) or of ``{input_name: array}`` dicts.
+
+Samples are loaded lazily (an image is decoded only when drawn), so a large folder
+costs only what is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from edgesdk.engines import TensorSpec
+from edgesdk.errors import CalibrationError, InputError
+from edgesdk.preprocess import IMAGE_SUFFIXES, Preprocess
+
+
+@dataclass
+class Dataset:
+    """Indexed samples; ``load(i)`` returns the model inputs of sample ``i`` in input order."""
+
+    loaders: list[Callable[[], list[np.ndarray]]]
+    labels: np.ndarray | None
+    label_names: list[str] | None
+    origin: str
+    names: list[str]  # a short name of each sample, used in error messages
+
+    def __len__(self) -> int:
+        return len(self.loaders)
+
+    def load(self, i: int) -> list[np.ndarray]:
+        return self.loaders[i]()
+
+    def subset(self, indices: Sequence[int]) -> "Dataset":
+        return Dataset(
+            [self.loaders[i] for i in indices],
+            None if self.labels is None else self.labels[list(indices)],
+            self.label_names,
+            self.origin,
+            [self.names[i] for i in indices],
+        )
+
+
+# -- reading ------------------------------------------------------------------
+
+def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | None,
+                 label_names: list[str] | None = None, what: str = "calibration") -> Dataset:
+    """Turn any accepted form into a :class:`Dataset` whose samples fit ``inputs``."""
+    if isinstance(data, (str, Path)):
+        path = Path(data)
+        if not path.exists():
+            raise CalibrationError(f"{what} data not found: {path}")
+        if path.is_dir():
+            ds = _read_folder(path, preprocess, label_names, what)
+        elif path.suffix == ".npy":
+            ds = _from_array(_np_load(path, what), None, str(path), what)
+        elif path.suffix == ".npz":
+            ds = _read_npz(path, what)
+        else:
+            raise CalibrationError(
+                f"{what} data {path.name!r} has unknown type {path.suffix or '(none)'}: "
+                "give an image folder, a .npy of inputs or a .npz with arrays x (and y)"
+            )
+    elif isinstance(data, np.ndarray):
+        ds = _from_array(data, None, f"array {data.shape}", what)
+    elif isinstance(data, Iterable) and not isinstance(data, (bytes, Mapping)):
+        ds = _from_iterable(data, inputs, what)
+    else:
+        raise CalibrationError(f"cannot read {what} data from {type(data).__name__}")
+    if len(ds) == 0:
+        raise CalibrationError(f"{what} data {ds.origin} holds no samples")
+    _check_fits(ds, inputs, what)
+    return ds
+
+
+def _np_load(path: Path, what: str):
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"{what} file {path} is not a readable numpy file: {exc}") from exc
+
+
+def _read_npz(path: Path, what: str) -> Dataset:
+    with _np_load(path, what) as npz:
+        if "x" not in npz.files:
+            raise CalibrationError(f"{what} file {path} has no array 'x' (arrays: {', '.join(npz.files) or 'none'})")
+        x = npz["x"]
+        y = npz["y"] if "y" in npz.files else None
+    if y is not None:
+        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+            raise CalibrationError(
+                f"{what} file {path}: 'y' must be {len(x)} integer labels, got {y.dtype} {list(y.shape)}"
+            )
+    return _from_array(x, y, str(path), what)
+
+
+def _from_array(x: np.ndarray, y: np.ndarray | None, origin: str, what: str) -> Dataset:
+    if x.dtype.kind not in "fiu":
+        raise CalibrationError(f"{what} data {origin}: inputs must be numeric, got {x.dtype}")
+    if x.ndim < 2:
+        raise CalibrationError(f"{what} data {origin}: expected (N, ...) inputs, got shape {list(x.shape)}")
+    x = x.astype(np.float32, copy=False)
+    loaders = [(lambda i=i: [x[i : i + 1]]) for i in range(len(x))]
+    return Dataset(loaders, y, None, origin, [f"{origin}[{i}]" for i in range(len(x))])
+
+
+def _from_iterable(items: Iterable, inputs: list[TensorSpec], what: str) -> Dataset:
+    loaders, names = [], []
+    order = [s.name for s in inputs]
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            missing = [n for n in order if n not in item]
+            if missing and len(item) == len(order):
+                feeds = list(item.values())  # names differ (e.g. exporter renamed them): keep positions
+            elif missing:
+                raise CalibrationError(
+                    f"{what} sample {i} lacks input(s) {', '.join(missing)} (model inputs: {', '.join(order)}; "
+                    f"sample has: {', '.join(map(str, item))})"
+                )
+            else:
+                feeds = [item[n] for n in order]
+        else:
+            feeds = [item]
+        arrays = []
+        for j, arr in enumerate(feeds):
+            arr = np.asarray(arr)
+            if arr.dtype.kind not in "fiu":
+                raise CalibrationError(f"{what} sample {i}: input {j} must be numeric, got {arr.dtype}")
+            arr = arr.astype(np.float32)
+            if j < len(inputs) and arr.ndim == len(inputs[j].shape) - 1:
+                arr = arr[None]  # one sample given without its batch axis
+            arrays.append(arr)
+        loaders.append(lambda a=arrays: a)
+        names.append(f"sample {i}")
+    return Dataset(loaders, None, None, "python iterable", names)
+
+
+def _read_folder(root: Path, preprocess: Preprocess | None, label_names: list[str] | None, what: str) -> Dataset:
+    if preprocess is None:
+        raise CalibrationError(
+            f"{what} data {root} is an image folder, which needs a preprocessing spec (--preprocess FILE.toml)"
+        )
+    entries = [p for p in sorted(root.iterdir()) if not p.name.startswith(".")]
+    subdirs = [p for p in entries if p.is_dir()]
+    if subdirs:
+        stray = [p.name for p in entries if p.is_file()]
+        if stray:
+            raise CalibrationError(
+                f"{what} folder {root} mixes class sub-folders with loose files ({', '.join(stray[:5])}); "
+                "use either one sub-folder per class or a flat folder of images"
+            )
+        classes = [p.name for p in subdirs]
+        index = _class_index(classes, label_names, root, what)
+        files, labels = [], []
+        for sub in subdirs:
+            for f in _images_in(sub, what):
+                files.append(f)
+                labels.append(index[sub.name])
+        y = np.asarray(labels, dtype=np.int64)
+        names = label_names or _names_from_index(index)
+        origin = f"{root} ({len(files)} images, {len(classes)} classes)"
+    else:
+        files, y, names = _images_in(root, what), None, label_names
+        origin = f"{root} ({len(files)} images)"
+    if not files:
+        raise CalibrationError(f"{what} folder {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+
+    def loader(path: Path) -> list[np.ndarray]:
+        try:
+            return [preprocess(path)]
+        except InputError as exc:
+            raise CalibrationError(f"{what} image {path} cannot be used: {exc}") from exc
+
+    loaders = [(lambda p=p: loader(p)) for p in files]
+    return Dataset(loaders, y, names, origin, [str(p) for p in files])
+
+
+def _images_in(folder: Path, what: str) -> list[Path]:
+    files = [p for p in sorted(folder.iterdir()) if not p.name.startswith(".")]
+    nested = [p.name for p in files if p.is_dir()]
+    if nested:
+        raise CalibrationError(f"{what} folder {folder} has nested folders ({', '.join(nested[:5])}); one level of class folders is supported")
+    other = [p.name for p in files if p.suffix.lower() not in IMAGE_SUFFIXES]
+    if other:
+        raise CalibrationError(
+            f"{what} folder {folder} holds non-image files: {', '.join(other[:5])}"
+            f"{' ...' if len(other) > 5 else ''} (images are {', '.join(IMAGE_SUFFIXES)})"
+        )
+    return files
+
+
+def _class_index(classes: list[str], label_names: list[str] | None, root: Path, what: str) -> dict[str, int]:
+    if label_names is not None:
+        unknown = [c for c in classes if c not in label_names]
+        if unknown:
+            raise CalibrationError(f"{what} folder {root} has class folders not in the labels: {', '.join(unknown)}")
+        return {c: label_names.index(c) for c in classes}
+    if all(c.isdigit() for c in classes):
+        return {c: int(c) for c in classes}  # folders named by class index: "0", "1", ...
+    return {c: i for i, c in enumerate(classes)}
+
+
+def _names_from_index(index: dict[str, int]) -> list[str]:
+    names = [""] * (max(index.values()) + 1)
+    for name, i in index.items():
+        names[i] = name
+    return names
+
+
+def _check_fits(ds: Dataset, inputs: list[TensorSpec], what: str) -> None:
+    """Load the first sample and compare it with the model's inputs, before any long work starts."""
+    first = ds.load(0)
+    if len(first) != len(inputs):
+        raise CalibrationError(
+            f"{what} data {ds.origin} gives {len(first)} input(s) per sample; the model takes {len(inputs)} "
+            f"({', '.join(s.name for s in inputs)})"
+        )
+    for spec, arr in zip(inputs, first):
+        fits = arr.ndim == len(spec.shape) and all(d in (-1, a) for d, a in zip(spec.shape, arr.shape))
+        if not fits:
+            raise CalibrationError(
+                f"{what} data {ds.origin} does not fit the model: input {spec.name!r} has shape "
+                f"{list(spec.shape)}, a sample has shape {list(arr.shape)}"
+            )
+
+
+# -- drawing samples ------------------------------------------------------------
+
+def draw(ds: Dataset, n: int, seed: int) -> tuple[list[int], list[int]]:
+    """Pick ``n`` sample indices (stratified by class where labels exist) and return (picked, rest)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(ds))
+    if n >= len(ds):
+        return sorted(order.tolist()), []
+    if ds.labels is None:
+        picked = order[:n]
+    else:
+        # Round-robin over classes in shuffled order: each class gets its share (+-1).
+        by_class: dict[int, list[int]] = {}
+        for i in order:
+            by_class.setdefault(int(ds.labels[i]), []).append(int(i))
+        queues = [by_class[c] for c in sorted(by_class)]
+        picked = []
+        while len(picked) < n:
+            for q in queues:
+                if q and len(picked) < n:
+                    picked.append(q.pop(0))
+    picked_set = set(int(i) for i in picked)
+    rest = [int(i) for i in order if int(i) not in picked_set]
+    return sorted(picked_set), rest
+
+
+def materialize(ds: Dataset, progress: Callable[[Iterable], Iterable] = iter) -> list[list[np.ndarray]]:
+    """Load every sample of ``ds`` and return them (each a list of arrays in input order)."""
+    return [ds.load(i) for i in progress(range(len(ds)))]
+
+
+def fingerprint(samples: list[list[np.ndarray]]) -> str:
+    """sha256 over the shapes and float32 bytes of the data actually used."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        for arr in sample:
+            arr = np.ascontiguousarray(arr, dtype=np.float32)
+            digest.update(str(arr.shape).encode())
+            digest.update(arr.tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,243 @@
+"""``edgesdk quantize``: a float model + calibration data -> a validated INT8 bundle."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import platform
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+import edgesdk
+from edgesdk.bundle import FORMAT_VERSION, Bundle, file_entry, write_manifest
+from edgesdk.engines import ENGINE_NAMES, engine_version
+from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
+from edgesdk.preprocess import Preprocess
+from edgesdk.report import failing_artifacts, validation_table
+
+from . import calibration
+from .sources import open_source
+from .targets import TARGET_ENGINES, Built, builder
+from .toolchain_output import captured
+from .validate import validate
+
+DEFAULT_SAMPLES = 300
+_CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
+
+
+@dataclass
+class QuantizeResult:
+    bundle: Path
+    manifest: dict
+
+    def table(self) -> str:
+        return validation_table(self.manifest)
+
+
+def quantize(
+    source: Any,
+    calib: Any,
+    out: str | Path,
+    *,
+    targets: Iterable[str] | None = None,
+    val: Any = None,
+    preprocess: Preprocess | dict | str | Path | None = None,
+    labels: list[str] | str | Path | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    val_samples: int | None = None,
+    seed: int = 0,
+    max_drop: float = 1.0,
+    name: str | None = None,
+    version: str = "1",
+    example_input: Any = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    quiet_toolchains: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> QuantizeResult:
+    """Quantize ``source`` for every target, validate, and write the bundle at ``out``.
+
+    ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
+    Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
+    recorded) when an INT8 artifact loses more than ``max_drop`` points.
+    """
+    say = log or (lambda msg: print(msg, file=sys.stderr) if progress else None)
+    bar = _progress_bar(progress)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
+    if samples < 1:
+        raise CalibrationError(f"samples must be at least 1, got {samples}")
+
+    src = open_source(source, example_input)
+    wanted = list(targets) if targets is not None else list(src.targets)
+    if not wanted:
+        raise ConversionError("no targets asked for")
+    src.check_targets(wanted)
+    pre = _preprocess(preprocess)
+    label_names = _labels(labels)
+
+    calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
+    src.fix_shapes(calib_ds.load(0))
+    picked, rest = calibration.draw(calib_ds, samples, seed)
+    if len(calib_ds) < samples:
+        raise CalibrationError(
+            f"calibration data {calib_ds.origin} has {len(calib_ds)} samples; {samples} were asked for (lower --samples)"
+        )
+    if val is None:
+        if not rest:
+            raise CalibrationError(
+                f"calibration data {calib_ds.origin} has {len(calib_ds)} samples, all used for calibration: nothing is "
+                "left to validate on; pass --val or lower --samples"
+            )
+        val_ds = calib_ds.subset(rest)
+        val_origin = f"held-out split of {calib_ds.origin}"
+    else:
+        val_ds = calibration.read_dataset(val, src.inputs, pre, label_names or calib_ds.label_names, "validation")
+        val_origin = val_ds.origin
+    if val_samples is not None and len(val_ds) > val_samples:
+        val_ds = val_ds.subset(calibration.draw(val_ds, val_samples, seed + 1)[0])
+
+    say(f"calibration: {len(picked)} of {calib_ds.origin} (seed {seed})")
+    calib_samples = calibration.materialize(calib_ds.subset(picked), bar("loading calibration data"))
+    names = calib_ds.label_names or label_names
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        built: list[Built] = []
+        for target in wanted:
+            say(f"[{target}] building float and INT8 artifacts for {TARGET_ENGINES[target]}")
+            target_dir = work / target
+            target_dir.mkdir()
+            with captured(quiet_toolchains):
+                built += builder(target)(src, calib_samples, target_dir)
+
+        say(f"validation: {len(val_ds)} samples ({val_origin})")
+        metrics, golden = validate(built, val_ds, max_drop, bar("validating"))
+        manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
+                             val_origin, name or _default_name(src), version)
+        write_manifest(work, manifest)
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    Bundle.open(out)  # re-read what was written: checksums and schema
+    failing = failing_artifacts(manifest)
+    if failing:
+        raise ValidationFailed(
+            f"validation failed for {', '.join(failing)} (max drop {max_drop} points); bundle written to {out} "
+            f"with passed=false\n{validation_table(manifest)}",
+            failing, str(out),
+        )
+    return QuantizeResult(out, manifest)
+
+
+def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
+              val_origin, name, version) -> dict:
+    artifacts = []
+    for b in built:
+        entry = {"id": b.id, "engine": b.engine, "precision": b.precision,
+                 "files": [file_entry(work, f) for f in b.files]}
+        if b.precision == "int8":
+            entry["method"] = b.method
+            entry["reference"] = next(r.id for r in built if r.engine == b.engine and r.precision == "fp32")
+        artifacts.append(entry)
+    golden_path = work / "golden.npz"
+    arrays = {f"input_{j}": np.concatenate([s[j] for s in golden["inputs"]]) for j in range(len(src.inputs))}
+    arrays |= {f"output_{j}": np.concatenate([o[j] for o in golden["outputs"]]) for j in range(len(src.outputs))}
+    np.savez(golden_path, **arrays)
+    out_spec = [{"name": s.name, "shape": list(golden["outputs"][0][j].shape), "dtype": "float32"}
+                for j, s in enumerate(src.outputs)]
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "created_with": _versions(),
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": {"name": src.name, "kind": src.kind},
+        "inputs": [s.to_dict() for s in src.inputs],
+        "outputs": out_spec,
+        "preprocess": pre.to_dict() if pre else None,
+        "postprocess": _postprocess(out_spec, golden["probabilities"]),
+        "labels": label_names,
+        "artifacts": artifacts,
+        "calibration": {
+            "samples": len(calib_samples),
+            "fingerprint": calibration.fingerprint(calib_samples),
+            "method": {b.id: b.method for b in built if b.precision == "int8"},
+            "source": calib_ds.origin,
+            "seed": seed,
+            "stratified": calib_ds.labels is not None,
+        },
+        "validation": {"data": val_origin, **metrics},
+        "golden": {
+            "files": [file_entry(work, golden_path)],
+            "count": len(golden["inputs"]),
+            "reference": golden["reference"],
+            "metric": "max_abs_error",
+            "tolerance": golden["tolerance"],
+        },
+    }
+
+
+def _postprocess(outputs: list[dict], probabilities: bool) -> dict:
+    if len(outputs) == 1 and len(outputs[0]["shape"]) == 2:
+        classes = outputs[0]["shape"][1]
+        return {"type": "classification", "softmax": not probabilities, "top_k": min(5, classes)}
+    return {"type": "none"}
+
+
+def _versions() -> dict:
+    def v(dist):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    return {
+        "edgesdk": edgesdk.__version__,
+        "python": platform.python_version(),
+        "engines": {e: engine_version(e) for e in ENGINE_NAMES},
+        "converters": {d: v(d) for d in _CONVERTER_DISTS},
+    }
+
+
+def _default_name(src) -> str:
+    return Path(src.name).stem if src.path else src.name
+
+
+def _preprocess(pre) -> Preprocess | None:
+    if pre is None or isinstance(pre, Preprocess):
+        return pre
+    if isinstance(pre, dict):
+        return Preprocess.from_dict(pre)
+    return Preprocess.from_toml(pre)
+
+
+def _labels(labels) -> list[str] | None:
+    if labels is None or isinstance(labels, list):
+        return labels
+    path = Path(labels)
+    if not path.is_file():
+        raise CalibrationError(f"labels file not found: {path}")
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _progress_bar(enabled: bool):
+    def make(desc: str):
+        if not enabled:
+            return iter
+        from tqdm import tqdm
+
+        return lambda it: tqdm(it, desc=desc, unit="sample", file=sys.stderr, leave=False)
+
+    return make

@@ -1,0 +1,230 @@
+"""Source models: a ``.pt2`` (torch.export), an ``.onnx``, a float ``.tflite``, or an ``nn.Module``.
+
+A :class:`Source` knows its inputs/outputs and how to hand itself to each
+target's toolchain as a float model (``float_tflite``, ``float_onnx``,
+``openvino_model``). Refused routes raise :class:`ConversionError` naming the
+supported ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.engines import TensorSpec
+from edgesdk.errors import ConversionError
+
+TARGETS = ("tflite", "openvino", "onnx")
+SUFFIXES = {".pt2": "pytorch", ".onnx": "onnx", ".tflite": "tflite"}
+# Which targets each source kind can reach, and why not the others.
+ROUTES = {
+    "pytorch": ("tflite", "openvino", "onnx"),
+    "onnx": ("openvino", "onnx"),
+    "tflite": ("tflite", "openvino"),
+}
+ROUTES_TEXT = (
+    "supported routes: .pt2/nn.Module -> tflite, openvino, onnx; .onnx -> openvino, onnx; "
+    ".tflite -> tflite, openvino"
+)
+
+
+class Source:
+    """A float model to quantize. Build with :func:`open_source`."""
+
+    kind: str = ""
+
+    def __init__(self, name: str, path: Path | None):
+        self.name = name
+        self.path = path
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return ROUTES[self.kind]
+
+    def check_targets(self, targets: list[str]) -> None:
+        for t in targets:
+            if t not in TARGETS:
+                raise ConversionError(f"unknown target {t!r}; targets are {', '.join(TARGETS)}")
+            if t not in self.targets:
+                raise ConversionError(f"cannot build target {t!r} from a {self.kind} source ({self.name}); {ROUTES_TEXT}")
+
+    def fix_shapes(self, sample: list[np.ndarray]) -> None:
+        """Replace dynamic input dimensions with those of a real sample."""
+        self.inputs = [TensorSpec(s.name, tuple(a.shape), s.dtype) for s, a in zip(self.inputs, sample)]
+
+    # Each subclass implements the hand-offs its routes need.
+    def float_tflite(self, path: Path) -> Path:
+        raise ConversionError(f"no route to tflite from {self.kind}; {ROUTES_TEXT}")
+
+    def float_onnx(self, path: Path) -> Path:
+        raise ConversionError(f"no route to onnx from {self.kind}; {ROUTES_TEXT}")
+
+    def openvino_model(self):
+        """The float model as an OpenVINO model with the fixed input shapes of the data.
+
+        Static shapes matter: the CPU plugin compiles them faster, and an INT8 IR left
+        with dynamic dims (as ``convert_model`` gives for an ExportedProgram) fails to
+        compile in bf16 mode ("No suitable implementations").
+        """
+        import openvino as ov
+
+        try:
+            model = ov.convert_model(self._openvino_input())
+            model.reshape({i: list(s.shape) for i, s in enumerate(self.inputs)})
+        except Exception as exc:
+            raise ConversionError(f"OpenVINO could not convert {self.name}: {exc}") from exc
+        return model
+
+    def _openvino_input(self):
+        return str(self.path)
+
+
+class PyTorchSource(Source):
+    kind = "pytorch"
+
+    def __init__(self, program, name: str, path: Path | None):
+        super().__init__(name, path)
+        self.program = program
+        sig = program.graph_signature
+        nodes = {n.name: n for n in program.graph.nodes}
+        self.inputs = [_torch_spec(name, nodes[name]) for name in sig.user_inputs]
+        out_node = next(n for n in program.graph.nodes if n.op == "output")
+        out_vals = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        self.outputs = [_torch_spec(f"output_{i}", n) for i, n in enumerate(out_vals)]
+
+    def example_inputs(self) -> tuple:
+        import torch
+
+        if any(d == -1 for s in self.inputs for d in s.shape):
+            raise ConversionError(f"{self.name}: input shapes {[list(s.shape) for s in self.inputs]} are not fixed")
+        return tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in self.inputs)
+
+    def float_tflite(self, path: Path) -> Path:
+        import litert_torch
+
+        try:
+            litert_torch.convert(self.program.module(), self.example_inputs()).export(str(path))
+        except Exception as exc:  # litert-torch raises many kinds on unsupported graphs
+            raise ConversionError(f"litert-torch could not convert {self.name} to tflite: {exc}") from exc
+        return path
+
+    def float_onnx(self, path: Path) -> Path:
+        import torch
+
+        try:
+            torch.onnx.export(
+                self.program, (), str(path), dynamo=True, external_data=False,
+                input_names=[s.name for s in self.inputs], verbose=False,
+            )
+        except Exception as exc:
+            raise ConversionError(f"torch.onnx.export could not export {self.name}: {exc}") from exc
+        return path
+
+    def _openvino_input(self):
+        return self.program
+
+
+class OnnxSource(Source):
+    kind = "onnx"
+
+    def __init__(self, path: Path):
+        super().__init__(path.name, path)
+        import onnx
+
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+            onnx.checker.check_model(model)
+        except Exception as exc:
+            raise ConversionError(f"{path} is not a valid ONNX model: {exc}") from exc
+        inits = {i.name for i in model.graph.initializer}
+        self.inputs = [_onnx_spec(v) for v in model.graph.input if v.name not in inits]
+        self.outputs = [_onnx_spec(v) for v in model.graph.output]
+
+    def float_onnx(self, path: Path) -> Path:
+        shutil.copyfile(self.path, path)
+        return path
+
+
+class TFLiteSource(Source):
+    kind = "tflite"
+
+    def __init__(self, path: Path):
+        super().__init__(path.name, path)
+        from edgesdk.engines import engine_class
+        from edgesdk.errors import BackendUnavailable
+
+        try:
+            interp = engine_class("litert")(path)
+        except BackendUnavailable as exc:
+            raise ConversionError(f"{path} is not a loadable TFLite model: {exc.detail}") from exc
+        self.inputs, self.outputs = interp.inputs, interp.outputs
+        bad = [s for s in self.inputs + self.outputs if s.dtype != "float32"]
+        if bad:
+            raise ConversionError(
+                f"{path} is already quantized ({bad[0].name} is {bad[0].dtype}); give the float model"
+            )
+
+    def float_tflite(self, path: Path) -> Path:
+        shutil.copyfile(self.path, path)
+        return path
+
+
+def open_source(source: Any, example_input: Any = None) -> Source:
+    """Open a path (``.pt2``, ``.onnx``, ``.tflite``) or an ``nn.Module`` with ``example_input``."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        kind = SUFFIXES.get(path.suffix.lower())
+        if kind is None:
+            raise ConversionError(
+                f"unknown model type {path.suffix or '(no extension)'!r} for {path.name}: "
+                f"give a {', '.join(SUFFIXES)} file (or an nn.Module from Python)"
+            )
+        if not path.is_file():
+            raise ConversionError(f"model file not found: {path}")
+        if kind == "onnx":
+            return OnnxSource(path)
+        if kind == "tflite":
+            return TFLiteSource(path)
+        import torch
+
+        try:
+            program = torch.export.load(str(path))
+        except Exception as exc:
+            raise ConversionError(f"{path} is not a torch.export program (.pt2): {exc}") from exc
+        return PyTorchSource(program, path.name, path)
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - convert extra missing
+        raise ConversionError("an in-memory model needs torch (pip install 'edgesdk[convert]')") from exc
+    if isinstance(source, torch.nn.Module):
+        if example_input is None:
+            raise ConversionError("an nn.Module source needs example_input (a tensor or tuple of tensors)")
+        args = example_input if isinstance(example_input, tuple) else (example_input,)
+        args = tuple(torch.as_tensor(a) for a in args)
+        try:
+            program = torch.export.export(source.eval(), args)
+        except Exception as exc:
+            raise ConversionError(f"torch.export could not trace {type(source).__name__}: {exc}") from exc
+        return PyTorchSource(program, type(source).__name__, None)
+    raise ConversionError(f"cannot quantize a {type(source).__name__}; give a model path or an nn.Module")
+
+
+def _torch_spec(name: str, node) -> TensorSpec:
+    val = node.meta.get("val")
+    shape = tuple(int(d) if isinstance(d, int) else -1 for d in getattr(val, "shape", ()))
+    dtype = str(getattr(val, "dtype", "torch.float32")).replace("torch.", "")
+    return TensorSpec(name, shape, dtype)
+
+
+def _onnx_spec(value) -> TensorSpec:
+    import onnx
+
+    ttype = value.type.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)).name
+    return TensorSpec(value.name, shape, dtype)

@@ -1,0 +1,30 @@
+"""Target builders: each turns a :class:`~..sources.Source` plus calibration samples
+into a float reference and an INT8 artifact for one engine.
+
+``build(source, samples, out_dir) -> list[Built]``; imported only when its target is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# target name -> (module, engine name as it appears in the manifest)
+TARGET_ENGINES = {"tflite": "litert", "openvino": "openvino", "onnx": "onnxruntime"}
+
+
+@dataclass
+class Built:
+    """One artifact a builder wrote, before it is checksummed into the bundle."""
+
+    id: str
+    engine: str
+    precision: str
+    files: list[Path]
+    method: str = ""
+    details: dict = field(default_factory=dict)
+
+
+def builder(target: str):
+    return importlib.import_module(f"{__name__}.{target}").build

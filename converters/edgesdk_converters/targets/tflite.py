@@ -1,0 +1,39 @@
+"""tflite: float model via litert-torch (or the source itself), full-integer INT8 via AI Edge Quantizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import ConversionError
+
+from . import Built
+
+METHOD = "ai-edge-quantizer static_wi8_ai8 (int8 weights per-channel, int8 activations, min/max calibration)"
+
+
+def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import quantizer, recipe
+
+    fp32 = source.float_tflite(out_dir / "model_fp32.tflite")
+    signatures = Interpreter(model_path=str(fp32)).get_signature_list()
+    if not signatures:
+        raise ConversionError(f"{source.name}: the float tflite model has no signature; AI Edge Quantizer needs one")
+    key, sig = next(iter(signatures.items()))
+    names = sig["inputs"]
+    if len(names) != len(source.inputs):
+        raise ConversionError(f"tflite signature {key!r} has inputs {names}; the source has {len(source.inputs)}")
+    calib = {key: [dict(zip(names, sample)) for sample in samples]}
+    int8 = out_dir / "model_int8.tflite"
+    try:
+        qt = quantizer.Quantizer(str(fp32), recipe.static_wi8_ai8())
+        result = qt.calibrate(calib)
+        qt.quantize(result).export_model(str(int8), overwrite=True)
+    except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
+        raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
+    return [
+        Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
+        Built("litert-int8", "litert", "int8", [int8], METHOD),
+    ]

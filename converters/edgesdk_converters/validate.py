@@ -1,0 +1,162 @@
+"""Validation: every INT8 artifact against its float reference on the same engine, on held-out data.
+
+Samples are streamed (loaded once, run on every artifact, dropped), so the memory
+cost does not grow with the validation set. Latency is measured afterwards at
+batch 1, INT8 and float interleaved so that machine noise hits both alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from edgesdk.engines import Engine, open_engine
+
+from .calibration import Dataset
+from .targets import Built
+
+GOLDEN_COUNT = 8
+# Preferred ground truth for the golden outputs (the float reference most engines agree with).
+GOLDEN_ORDER = ("onnxruntime-fp32", "openvino-fp32", "litert-fp32")
+
+
+@dataclass
+class _Tally:
+    """Running metrics of one artifact against its reference."""
+
+    n: int = 0
+    agree: int = 0
+    agree_golden: int = 0
+    correct: int = 0
+    cos_sum: float = 0.0
+    max_abs: float = 0.0
+    max_abs_golden: float = 0.0
+    probs_like: bool = True
+    latencies: list[float] = field(default_factory=list)
+
+
+def open_for_validation(built: Built) -> Engine:
+    # OpenVINO runs "fp32" as bf16 on AMX CPUs unless told otherwise: the reference must be real f32.
+    hint = "f32" if built.engine == "openvino" and built.precision == "fp32" else None
+    return open_engine(built.engine, built.files[0], precision_hint=hint)
+
+
+def validate(built: list[Built], val: Dataset, max_drop: float,
+             progress: Callable[[Iterable], Iterable] = iter) -> tuple[dict, dict]:
+    """Return (metrics per artifact id, golden arrays + tolerances)."""
+    refs = {b.engine: b for b in built if b.precision == "fp32"}
+    golden_id = next(i for i in GOLDEN_ORDER if any(b.id == i for b in built))
+    engines = {b.id: open_for_validation(b) for b in built}
+    tallies = {b.id: _Tally() for b in built}
+    golden_in: list[list[np.ndarray]] = []
+    golden_out: list[list[np.ndarray]] = []
+    try:
+        for i in progress(range(len(val))):
+            sample = val.load(i)
+            outs = {aid: eng.run(sample) for aid, eng in engines.items()}
+            ref_golden = outs[golden_id]
+            if len(golden_in) < GOLDEN_COUNT:
+                golden_in.append(sample)
+                golden_out.append(ref_golden)
+            label = None if val.labels is None else int(val.labels[i])
+            for b in built:
+                own = outs[b.id][0]
+                ref = outs[refs[b.engine].id][0]
+                _add(tallies[b.id], own, ref, ref_golden[0], label, outs[b.id], ref_golden)
+        _measure_latency(built, refs, engines, golden_in[0], tallies)
+        effective = {aid: eng.effective_precision for aid, eng in engines.items()}
+    finally:
+        for eng in engines.values():
+            eng.close()
+
+    metrics = {b.id: _summary(b, refs[b.engine], tallies, val.labels is not None, max_drop, effective[b.id])
+               for b in built}
+    golden = {
+        "reference": golden_id,
+        "inputs": golden_in,
+        "outputs": golden_out,
+        "tolerance": {aid: _tolerance(t.max_abs_golden) for aid, t in tallies.items()},
+        "probabilities": tallies[golden_id].probs_like,
+    }
+    return metrics, golden
+
+
+def _add(t: _Tally, own: np.ndarray, ref: np.ndarray, golden: np.ndarray, label: int | None,
+         own_all: list[np.ndarray], golden_all: list[np.ndarray]) -> None:
+    t.n += 1
+    a, r, g = own.reshape(-1), ref.reshape(-1), golden.reshape(-1)
+    t.agree += int(a.argmax() == r.argmax())
+    t.agree_golden += int(a.argmax() == g.argmax())
+    if label is not None:
+        t.correct += int(a.argmax() == label)
+    denom = float(np.linalg.norm(a) * np.linalg.norm(r))
+    t.cos_sum += float(a @ r) / denom if denom > 0 else float(np.array_equal(a, r))
+    t.max_abs = max(t.max_abs, float(np.max(np.abs(a - r))))
+    t.max_abs_golden = max(t.max_abs_golden, *(float(np.max(np.abs(o - q))) for o, q in zip(own_all, golden_all)))
+    t.probs_like = t.probs_like and bool(np.all(a >= 0) and abs(float(a.sum()) - 1.0) < 1e-3)
+
+
+def _measure_latency(built, refs, engines, sample, tallies, seconds: float = 0.6, warmup: int = 5) -> None:
+    """p50 at batch 1; each INT8 artifact interleaved with its float reference."""
+    for b in built:
+        for _ in range(warmup):
+            engines[b.id].run(sample)
+    for b in (b for b in built if b.precision == "int8"):
+        pair = (b.id, refs[b.engine].id)
+        deadline = time.perf_counter() + seconds
+        rounds = 0
+        while rounds < 10 or (time.perf_counter() < deadline and rounds < 2000):
+            for aid in pair:
+                t0 = time.perf_counter()
+                engines[aid].run(sample)
+                tallies[aid].latencies.append(time.perf_counter() - t0)
+            rounds += 1
+
+
+def _tolerance(max_abs: float) -> float:
+    # Twice the worst error seen on the whole validation set, with a floor for fp32-vs-fp32 noise.
+    return float(max(2.0 * max_abs, 1e-4))
+
+
+def _summary(b: Built, ref: Built, tallies: dict, labelled: bool, max_drop: float, effective: str | None) -> dict:
+    t, rt = tallies[b.id], tallies[ref.id]
+    p50 = float(np.median(t.latencies) * 1e3) if t.latencies else None
+    out = {
+        "reference": ref.id,
+        "samples": t.n,
+        "top1_agreement": t.agree / t.n,
+        "cosine_similarity": t.cos_sum / t.n,
+        "max_abs_error": t.max_abs,
+        "latency_ms": p50,
+        "effective_precision": effective,
+    }
+    if labelled:
+        out["accuracy"] = t.correct / t.n
+        out["reference_accuracy"] = rt.correct / rt.n
+    if b.precision == "int8":
+        ref_p50 = float(np.median(rt.latencies) * 1e3)
+        out["reference_latency_ms"] = ref_p50
+        out["latency_ratio"] = p50 / ref_p50
+        out["slower_than_float"] = p50 > ref_p50
+        if labelled:
+            out["gate"] = "accuracy_drop_points"
+            out["accuracy_drop_points"] = 100.0 * (out["reference_accuracy"] - out["accuracy"])
+            drop = out["accuracy_drop_points"]
+        else:
+            out["gate"] = "agreement_drop_points"
+            out["agreement_drop_points"] = 100.0 * (1.0 - out["top1_agreement"])
+            drop = out["agreement_drop_points"]
+    else:
+        # A float artifact is checked against the golden float reference (conversion fidelity).
+        out["reference"] = None
+        out["golden_agreement"] = t.agree_golden / t.n
+        out["gate"] = "golden_agreement_drop_points"
+        drop = out["golden_agreement_drop_points"] = 100.0 * (1.0 - out["golden_agreement"])
+        for key in ("top1_agreement", "cosine_similarity", "max_abs_error"):
+            out.pop(key)
+    out["max_drop_points"] = max_drop
+    out["passed"] = bool(drop <= max_drop + 1e-9)
+    return out

@@ -1,0 +1,15 @@
+"""edgesdk: on-device inference with INT8 bundles for LiteRT, OpenVINO and ONNX Runtime.
+
+This package is the device side: it imports numpy, Pillow and whichever engine is
+installed, never torch, nncf, litert-torch or the workstation converters.
+"""
+
+from .bundle import Artifact, Bundle
+from .errors import (BackendUnavailable, BundleError, CalibrationError, ConversionError, EdgeSDKError, InputError,
+                     ValidationFailed)
+from .preprocess import Preprocess
+
+__version__ = "0.1.0"
+
+__all__ = ["Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable",
+           "ConversionError", "CalibrationError", "ValidationFailed", "__version__"]

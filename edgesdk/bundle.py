@@ -1,0 +1,191 @@
+"""The bundle: a directory with ``manifest.json`` at its root and the files it lists.
+
+Opening a bundle checks every listed file's sha256 before any engine sees it; a
+missing or altered file, or a path that escapes the bundle directory, raises a
+:class:`~edgesdk.errors.BundleError` naming the file. The manifest keys are
+documented in README.md ("Bundle format").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import BundleError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ENGINES = ("litert", "openvino", "onnxruntime")
+PRECISIONS = ("int8", "fp32")
+_REQUIRED = ("format_version", "name", "version", "created_with", "inputs", "outputs", "artifacts")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_entry(root: Path, path: Path) -> dict[str, Any]:
+    """The manifest entry of a file already placed inside the bundle ``root``."""
+    rel = path.resolve().relative_to(root.resolve()).as_posix()
+    return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def safe_member(root: Path, rel: str) -> Path:
+    """Resolve ``rel`` inside ``root``, refusing absolute paths, ``..`` and links that lead outside."""
+    if not isinstance(rel, str) or not rel:
+        raise BundleError(f"bundle file entry has no usable path: {rel!r}")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or "\\" in rel or any(part == ".." for part in pure.parts) or ":" in pure.parts[0]:
+        raise BundleError(f"bundle file path {rel!r} escapes the bundle directory")
+    full = (root / pure).resolve()
+    if not full.is_relative_to(root.resolve()):
+        raise BundleError(f"bundle file {rel!r} resolves outside the bundle directory (link?)")
+    return full
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One engine-ready model inside a bundle."""
+
+    id: str
+    engine: str
+    precision: str
+    files: tuple[Path, ...]
+    entry: dict[str, Any]
+
+    @property
+    def model_path(self) -> Path:
+        """The file the engine opens (``.tflite``, ``.xml`` or ``.onnx``): the first listed."""
+        return self.files[0]
+
+
+class Bundle:
+    """A verified bundle on disk. Use :meth:`open`; construction does no I/O."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any]):
+        self.root = root
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
+        root = Path(path)
+        manifest_path = root / MANIFEST
+        if not root.is_dir():
+            raise BundleError(f"bundle not found: {root} is not a directory")
+        if not manifest_path.is_file():
+            raise BundleError(f"{root} is not a bundle: it has no {MANIFEST}")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{manifest_path} is not valid JSON: {exc}") from exc
+        _check_manifest(manifest, manifest_path)
+        bundle = cls(root, manifest)
+        if verify:
+            bundle.verify()
+        return bundle
+
+    # -- integrity ----------------------------------------------------------
+    def file_entries(self) -> Iterator[dict[str, Any]]:
+        for art in self.manifest["artifacts"]:
+            yield from art["files"]
+        golden = self.manifest.get("golden")
+        if golden:
+            yield from golden["files"]
+
+    def verify(self) -> None:
+        """Check every listed file: inside the bundle, present, same size and sha256."""
+        for entry in self.file_entries():
+            rel = entry.get("path")
+            full = safe_member(self.root, rel)
+            if not full.is_file():
+                raise BundleError(f"bundle file {rel!r} is missing from {self.root}")
+            if full.stat().st_size != entry.get("bytes"):
+                raise BundleError(
+                    f"bundle file {rel!r} was altered: {full.stat().st_size} bytes, manifest says {entry.get('bytes')}"
+                )
+            if sha256_file(full) != entry.get("sha256"):
+                raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
+
+    # -- access -------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        return [self._artifact(entry) for entry in self.manifest["artifacts"]]
+
+    def artifact(self, artifact_id: str) -> Artifact:
+        for entry in self.manifest["artifacts"]:
+            if entry["id"] == artifact_id:
+                return self._artifact(entry)
+        ids = ", ".join(a["id"] for a in self.manifest["artifacts"])
+        raise BundleError(f"bundle {self.name!r} has no artifact {artifact_id!r} (artifacts: {ids})")
+
+    def _artifact(self, entry: dict[str, Any]) -> Artifact:
+        files = tuple(safe_member(self.root, f["path"]) for f in entry["files"])
+        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry)
+
+    @property
+    def preprocess(self):
+        from .preprocess import Preprocess
+
+        data = self.manifest.get("preprocess")
+        return Preprocess.from_dict(data) if data else None
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.manifest.get("labels")
+
+    def golden(self) -> dict[str, np.ndarray]:
+        """The golden inputs and float reference outputs (never unpickled)."""
+        golden = self.manifest.get("golden")
+        if not golden:
+            raise BundleError(f"bundle {self.name!r} has no golden data")
+        path = safe_member(self.root, golden["files"][0]["path"])
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"golden file {golden['files'][0]['path']!r} is unreadable: {exc}") from exc
+
+
+def _check_manifest(manifest: Any, where: Path) -> None:
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: the manifest must be a JSON object")
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing:
+        raise BundleError(f"{where}: manifest is missing key(s) {', '.join(missing)}")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise BundleError(
+            f"{where}: unknown format_version {manifest['format_version']!r} (this edgesdk reads {FORMAT_VERSION})"
+        )
+    if not isinstance(manifest["artifacts"], list):
+        raise BundleError(f"{where}: 'artifacts' must be a list")
+    for i, art in enumerate(manifest["artifacts"]):
+        if not isinstance(art, dict) or not {"id", "engine", "precision", "files"} <= art.keys():
+            raise BundleError(f"{where}: artifact #{i} needs id, engine, precision and files")
+        if art["engine"] not in ENGINES:
+            raise BundleError(f"{where}: artifact {art['id']!r} has unknown engine {art['engine']!r}")
+        if art["precision"] not in PRECISIONS:
+            raise BundleError(f"{where}: artifact {art['id']!r} has unknown precision {art['precision']!r}")
+        if not isinstance(art["files"], list) or not art["files"]:
+            raise BundleError(f"{where}: artifact {art['id']!r} lists no files")
+        for f in art["files"]:
+            if not isinstance(f, dict) or not {"path", "sha256", "bytes"} <= f.keys():
+                raise BundleError(f"{where}: artifact {art['id']!r} has a file entry without path/sha256/bytes")
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
+    path = root / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,130 @@
+"""The ``edgesdk`` command line. Workstation commands import the converters lazily."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import EdgeSDKError, ValidationFailed
+
+app = typer.Typer(
+    help="edgesdk: quantize models into validated INT8 bundles and inspect them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _targets(value: Optional[str]) -> Optional[List[str]]:
+    if value is None:
+        return None
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+@app.command()
+def quantize(
+    source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
+    calib: Path = typer.Option(..., "--calib", help="Calibration data: image folder (flat or one sub-folder per "
+                               "class), .npy of preprocessed inputs, or .npz with x (and optional y labels)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Bundle directory to write [default: SOURCE stem + .bundle]."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Comma list of tflite, openvino, onnx "
+                                          "[default: every target the source allows]."),
+    val: Optional[Path] = typer.Option(None, "--val", help="Validation data, same forms as --calib "
+                                       "[default: a held-out split of the calibration data]."),
+    preprocess: Optional[Path] = typer.Option(None, "--preprocess", help="TOML with size, color, layout, scale, "
+                                              "mean, std; required for image folders."),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Text file with one label per line (class index order)."),
+    samples: int = typer.Option(300, "--samples", help="Calibration samples, drawn with a fixed seed, stratified by class."),
+    val_samples: Optional[int] = typer.Option(None, "--val-samples", help="Cap on validation samples [default: all]."),
+    seed: int = typer.Option(0, "--seed", help="Seed for drawing samples."),
+    max_drop: float = typer.Option(1.0, "--max-drop", help="Allowed accuracy drop in points (agreement drop "
+                                   "without labels); exit 1 when an INT8 artifact exceeds it."),
+    name: Optional[str] = typer.Option(None, "--name", help="Bundle name [default: source stem]."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
+) -> None:
+    """Quantize a float model to INT8 for LiteRT, OpenVINO and ONNX Runtime, validate, and write a bundle."""
+    from edgesdk_converters.quantize import quantize as run_quantize  # workstation only: imported lazily
+
+    out = out or source.with_name(source.stem + ".bundle")
+    result = run_quantize(
+        source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
+        samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, name=name, overwrite=force,
+        progress=not quiet,
+    )
+    if as_json:
+        print(json.dumps(result.manifest, indent=2))
+    else:
+        print(result.table())
+        print(f"\nbundle written to {result.bundle}")
+
+
+@app.command()
+def inspect(
+    bundle: Path = typer.Argument(..., help="Bundle directory (with manifest.json)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
+) -> None:
+    """Verify a bundle's checksums and show its manifest summary and validation table."""
+    from .bundle import Bundle
+    from .report import summary, validation_table
+
+    b = Bundle.open(bundle)
+    if as_json:
+        print(json.dumps(b.manifest, indent=2))
+        return
+    print(summary(b.manifest))
+    print()
+    print(validation_table(b.manifest))
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("build/demo"), "--workdir", help="Where the digits images and bundle go."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Quantize the bundled digits sample to all three targets, offline, and print the validation table."""
+    sample = REPO_ROOT / "samples" / "digits"
+    if not (sample / "digits.pt2").is_file():
+        raise typer.BadParameter(f"the digits sample is not at {sample}; run the demo from a checkout of edgesdk")
+    images = workdir / "digits-images"
+    if not (images / "val").is_dir():
+        print(f"exporting scikit-learn's digits to {images}", file=sys.stderr)
+        subprocess.run([sys.executable, str(sample / "export_images.py"), str(images)], check=True)
+    from edgesdk_converters.quantize import quantize as run_quantize
+
+    result = run_quantize(
+        sample / "digits.pt2", images / "train", workdir / "digits.bundle", val=images / "val",
+        preprocess=sample / "preprocess.toml", overwrite=True, progress=not quiet, max_drop=0.5,
+    )
+    print(result.table())
+    print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ValidationFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1)
+    except EdgeSDKError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code)
+    except typer.Abort:
+        raise SystemExit(130)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            raise SystemExit(exc.exit_code)
+        raise

@@ -1,0 +1,63 @@
+"""The one exception tree of edgesdk.
+
+::
+
+    EdgeSDKError
+     +-- BundleError            a bundle is missing, malformed, tampered with, or escapes its folder
+     +-- InputError             bad request data (shape, dtype, missing input, unreadable image)
+     +-- BackendUnavailable     no engine/device can serve the artifact (carries a machine-readable reason)
+     +-- ConversionError        the workstation could not build an artifact (bad source, unsupported route)
+     |    +-- CalibrationError  the calibration/validation data is empty, corrupt or does not fit the model
+     +-- ValidationFailed       an INT8 artifact lost more accuracy than allowed
+
+Engine exceptions are translated at the engine boundary into this tree, with the
+original chained (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class EdgeSDKError(Exception):
+    """Base of every error edgesdk raises on purpose."""
+
+
+class BundleError(EdgeSDKError):
+    """A bundle cannot be trusted or read: missing/altered file, bad manifest, path escape."""
+
+
+class InputError(EdgeSDKError):
+    """Data handed to a model does not fit it."""
+
+
+class BackendUnavailable(EdgeSDKError):
+    """No backend can serve the request.
+
+    ``reason`` is machine-readable (``engine_missing``, ``device_missing``,
+    ``compile_failed``, ``unsupported_artifact`` ...); ``detail`` is for humans.
+    """
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class ConversionError(EdgeSDKError):
+    """A source model could not be turned into the requested artifact."""
+
+
+class CalibrationError(ConversionError):
+    """Calibration or validation data is unusable for this model."""
+
+
+class ValidationFailed(EdgeSDKError):
+    """One or more INT8 artifacts failed the accuracy gate.
+
+    ``failing`` lists the artifact ids; ``bundle`` is the path of the bundle that
+    was still written (with ``passed: false`` recorded) so the report can be read.
+    """
+
+    def __init__(self, message: str, failing: list[str], bundle: str | None = None):
+        super().__init__(message)
+        self.failing = failing
+        self.bundle = bundle
