@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +11,24 @@ from edgesdk.errors import ConversionError
 
 from . import Built
 
-METHOD = "ai-edge-quantizer static_wi8_ai8 (int8 weights per-channel, int8 activations, min/max calibration)"
+METHOD = "ai-edge-quantizer static_wi8_ai8 (int8 weights per-channel, int8 activations, running min/max calibration)"
+
+
+def running_min_max(qsv: dict, new: dict) -> dict:
+    """Widen each tensor's range to cover every calibration sample.
+
+    AI Edge Quantizer's default update is a moving average of per-sample min/max
+    (smoothing 0.95), which clips the tails: on the digits CNN it clipped the top
+    logits from ~19 to 15 (max error 16.6 vs 0.76 with true min/max, same agreement).
+    """
+    if not qsv:
+        return new
+    return {"min": np.minimum(qsv["min"], new["min"]), "max": np.maximum(qsv["max"], new["max"])}
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
     from ai_edge_litert.interpreter import Interpreter
-    from ai_edge_quantizer import quantizer, recipe
+    from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
     fp32 = source.float_tflite(out_dir / "model_fp32.tflite")
     signatures = Interpreter(model_path=str(fp32)).get_signature_list()
@@ -28,9 +41,12 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]
     calib = {key: [dict(zip(names, sample)) for sample in samples]}
     int8 = out_dir / "model_int8.tflite"
     try:
+        recipes = recipe_manager.RecipeManager()
+        recipes.load_quantization_recipe(recipe.static_wi8_ai8())
+        calib_run = calibrator.Calibrator(str(fp32), num_threads=os.cpu_count() or 1, qsv_update_func=running_min_max)
+        calib_run.calibrate(calib, recipes)
         qt = quantizer.Quantizer(str(fp32), recipe.static_wi8_ai8())
-        result = qt.calibrate(calib)
-        qt.quantize(result).export_model(str(int8), overwrite=True)
+        qt.quantize(calib_run.get_model_qsvs()).export_model(str(int8), overwrite=True)
     except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
         raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
     return [
