@@ -70,6 +70,8 @@ def quantize(
     say = log or (lambda msg: print(msg, file=sys.stderr) if progress else None)
     bar = _progress_bar(progress)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"output {out} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
     if samples < 1:

@@ -11,7 +11,7 @@ from edgesdk.errors import ConversionError
 
 from . import Built
 
-METHOD = "onnxruntime quantize_static QDQ, per-channel int8 weights, int8 activations, MinMax calibration"
+METHOD = "onnxruntime quantize_static QDQ, per-channel int8 weights, uint8 activations (U8S8), MinMax calibration"
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
@@ -40,7 +40,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]
     try:
         quantize_static(
             str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
         )
     except Exception as exc:
         raise ConversionError(f"onnxruntime quantize_static failed on {source.name}: {exc}") from exc
