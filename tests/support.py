@@ -137,7 +137,11 @@ def onnx_integer_report(path: Path) -> dict:
             else:
                 weights[node.name] = None  # float weight fed directly
     ops = [n.op_type for n in graph.node]
-    return {"quantize": ops.count("QuantizeLinear"), "dequantize": ops.count("DequantizeLinear"), "weights": weights}
+    # the zero point's type is the quantized activation type (int8, or uint8 for ORT's x86 U8S8 kernels)
+    activations = {onnx.helper.tensor_dtype_to_np_dtype(inits[n.input[2]].data_type)
+                   for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits}
+    return {"quantize": ops.count("QuantizeLinear"), "dequantize": ops.count("DequantizeLinear"), "weights": weights,
+            "activations": activations}
 
 
 def assert_onnx_int8(path: Path) -> None:
@@ -145,6 +149,7 @@ def assert_onnx_int8(path: Path) -> None:
     assert rep["quantize"] > 0 and rep["dequantize"] > 0, rep
     assert rep["weights"], "no Conv / Gemm / MatMul node"
     assert all(dtype == np.int8 for dtype in rep["weights"].values()), rep["weights"]
+    assert rep["activations"] and rep["activations"] <= {np.dtype(np.int8), np.dtype(np.uint8)}, rep["activations"]
 
 
 INT8_CHECKS = {"litert": assert_tflite_int8, "openvino": assert_openvino_int8, "onnxruntime": assert_onnx_int8}

@@ -73,6 +73,15 @@ def test_calibration_form(request, tmp_path, form):
         assert m["labels"] == [str(d) for d in range(10)]
 
 
+def test_labels_file_names_the_classes_of_npz_labels(tmp_path, digits_npz):
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    (tmp_path / "labels.txt").write_text("\n".join(names) + "\n\n")
+    m = quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", labels=tmp_path / "labels.txt", targets=["onnx"],
+                 samples=40, val_samples=20, max_drop=100.0).manifest
+    assert m["labels"] == names
+    assert m["validation"]["onnxruntime-int8"]["gate"] == "accuracy_drop_points"
+
+
 # -- reading folders and labels ----------------------------------------------------------------------------
 
 def _image_folder(root, classes, per_class=3):

@@ -59,6 +59,18 @@ def test_wrong_input_count_names_the_inputs(bundle, aid):
             engine.run([])
 
 
+@pytest.mark.parametrize("aid", ALL_IDS)
+def test_results_are_not_overwritten_by_the_next_run(bundle, aid):
+    art = bundle.artifact(aid)
+    golden = bundle.golden()
+    with open_engine(art.engine, art.model_path) as engine:
+        (first,) = engine.run([golden["input_0"][:1]])
+        kept = first.copy()
+        engine.run([golden["input_0"][1:2]])
+    np.testing.assert_array_equal(first, kept)
+    assert not np.array_equal(golden["output_0"][0], golden["output_0"][1])  # the second run had other outputs
+
+
 def test_other_numeric_dtypes_are_converted(bundle):
     art = bundle.artifact("onnxruntime-fp32")
     x = bundle.golden()["input_0"][:1]

@@ -10,7 +10,7 @@ from PIL import Image
 
 from edgesdk import Bundle
 from edgesdk.errors import CalibrationError, ConversionError, EdgeSDKError, InputError, ValidationFailed
-from support import DIGITS_INPUT, DIGITS_ONNX, DIGITS_TOML, quantize
+from support import DIGITS_ONNX, DIGITS_TOML, quantize
 
 
 @pytest.fixture
@@ -289,15 +289,12 @@ def test_overwrite_replaces_the_output(tmp_path, digits_npz):
     assert _no_work_dirs_left(out)
 
 
-@pytest.mark.xfail(raises=NotADirectoryError, strict=True,
-                   reason="bug: quantize.py checks `out.exists() and any(out.iterdir())`; when out is an existing "
-                          "file, iterdir() raises NotADirectoryError (a traceback from the CLI) instead of a "
-                          "ConversionError")
 def test_output_path_is_a_file(tmp_path, digits_npz):
     out = tmp_path / "model.onnx"
     out.write_bytes(b"not a bundle")
-    with pytest.raises(ConversionError, match=r"model.onnx"):
-        quantize(DIGITS_ONNX, digits_npz, out, targets=["onnx"], samples=20)
+    with pytest.raises(ConversionError, match=r"output .*model.onnx exists and is not a directory"):
+        quantize(DIGITS_ONNX, digits_npz, out, targets=["onnx"], samples=20, overwrite=True)
+    assert out.read_bytes() == b"not a bundle"
 
 
 # -- the accuracy gate -------------------------------------------------------------------------------------

@@ -107,3 +107,17 @@ def test_tflite_to_onnx_is_refused_naming_the_routes(float_tflite, digits_npz, t
     with pytest.raises(ConversionError, match=r"cannot build target 'onnx' from a tflite source") as info:
         quantize(float_tflite, digits_npz, tmp_path / "b", targets=["onnx", "tflite"], samples=20)
     assert ".tflite -> tflite, openvino" in str(info.value)
+
+
+def test_postprocess_knows_a_model_that_already_outputs_probabilities(tmp_path):
+    import torch
+
+    from support import tiny_cnn
+
+    model = torch.nn.Sequential(tiny_cnn(), torch.nn.Softmax(dim=1)).eval()
+    data = np.random.default_rng(1).standard_normal((30, 1, 3, 16, 16)).astype(np.float32)
+    m = quantize(model, list(data), tmp_path / "b", example_input=torch.zeros(1, 3, 16, 16), targets=["onnx"],
+                 samples=20, max_drop=100.0).manifest
+    assert m["postprocess"] == {"type": "classification", "softmax": False, "top_k": 5}
+    assert m["outputs"][0]["shape"] == [1, 5]
+    assert m["source"] == {"name": "Sequential", "kind": "pytorch"}
