@@ -22,6 +22,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 ENGINES = ("litert", "openvino", "onnxruntime")
 PRECISIONS = ("int8", "fp32")
+RUNTIME_OPTIONS = {"precision_hint", "num_threads"}  # engine options an artifact may record
 _REQUIRED = ("format_version", "name", "version", "created_with", "inputs", "outputs", "artifacts")
 
 
@@ -66,6 +67,17 @@ class Artifact:
     def model_path(self) -> Path:
         """The file the engine opens (``.tflite``, ``.xml`` or ``.onnx``): the first listed."""
         return self.files[0]
+
+    @property
+    def runtime(self) -> dict[str, Any]:
+        """Engine options recorded at quantize time (e.g. OpenVINO ``precision_hint: f32`` for fp32)."""
+        return dict(self.entry.get("runtime") or {})
+
+    def open(self, **options):
+        """Load this artifact on its engine with the recorded runtime options (``options`` override them)."""
+        from .engines import open_engine
+
+        return open_engine(self.engine, self.model_path, **{**self.runtime, **options})
 
 
 class Bundle:
@@ -183,6 +195,11 @@ def _check_manifest(manifest: Any, where: Path) -> None:
         for f in art["files"]:
             if not isinstance(f, dict) or not {"path", "sha256", "bytes"} <= f.keys():
                 raise BundleError(f"{where}: artifact {art['id']!r} has a file entry without path/sha256/bytes")
+        runtime = art.get("runtime", {})
+        if not isinstance(runtime, dict) or not set(runtime) <= RUNTIME_OPTIONS:
+            raise BundleError(
+                f"{where}: artifact {art['id']!r} has runtime options {runtime!r}; known: {', '.join(sorted(RUNTIME_OPTIONS))}"
+            )
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:

@@ -33,20 +33,20 @@ def quantize(
     source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
     calib: Path = typer.Option(..., "--calib", help="Calibration data: image folder (flat or one sub-folder per "
                                "class), .npy of preprocessed inputs, or .npz with x (and optional y labels)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Bundle directory to write [default: SOURCE stem + .bundle]."),
+    out: Path = typer.Option(None, "--out", "-o", help="Bundle directory to write (default: SOURCE stem + .bundle)."),
     targets: Optional[str] = typer.Option(None, "--targets", help="Comma list of tflite, openvino, onnx "
-                                          "[default: every target the source allows]."),
+                                          "(default: every target the source allows)."),
     val: Optional[Path] = typer.Option(None, "--val", help="Validation data, same forms as --calib "
-                                       "[default: a held-out split of the calibration data]."),
+                                       "(default: a held-out split of the calibration data)."),
     preprocess: Optional[Path] = typer.Option(None, "--preprocess", help="TOML with size, color, layout, scale, "
                                               "mean, std; required for image folders."),
     labels: Optional[Path] = typer.Option(None, "--labels", help="Text file with one label per line (class index order)."),
     samples: int = typer.Option(300, "--samples", help="Calibration samples, drawn with a fixed seed, stratified by class."),
-    val_samples: Optional[int] = typer.Option(None, "--val-samples", help="Cap on validation samples [default: all]."),
+    val_samples: Optional[int] = typer.Option(None, "--val-samples", help="Cap on validation samples (default: all)."),
     seed: int = typer.Option(0, "--seed", help="Seed for drawing samples."),
     max_drop: float = typer.Option(1.0, "--max-drop", help="Allowed accuracy drop in points (agreement drop "
                                    "without labels); exit 1 when an INT8 artifact exceeds it."),
-    name: Optional[str] = typer.Option(None, "--name", help="Bundle name [default: source stem]."),
+    name: Optional[str] = typer.Option(None, "--name", help="Bundle name (default: source stem)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
@@ -109,22 +109,16 @@ def demo(
 
 
 def main() -> None:
+    """Entry point: usage errors are click's (exit 2); edgesdk errors print one line, never a traceback."""
     try:
-        app(standalone_mode=False)
+        app()  # standalone mode: click reports usage errors itself and exits 2
     except ValidationFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1)
     except EdgeSDKError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(2)
-    except typer.Exit as exc:
-        raise SystemExit(exc.exit_code)
-    except typer.Abort:
-        raise SystemExit(130)
-    except Exception as exc:  # click usage errors
-        import click
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code)
-        raise
+
+if __name__ == "__main__":
+    main()

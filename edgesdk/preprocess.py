@@ -45,10 +45,10 @@ class Preprocess:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        size = tuple(int(v) for v in self.size) if _is_seq(self.size) else ()
-        if len(size) != 2 or min(size) < 1:
+        ints = _is_seq(self.size) and all(isinstance(v, int) and not isinstance(v, bool) for v in self.size)
+        if not ints or len(self.size) != 2 or min(self.size) < 1:
             raise InputError(f"preprocess 'size' must be [height, width] of positive ints, got {self.size!r}")
-        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "size", tuple(self.size))
         if self.color not in ("rgb", "gray"):
             raise InputError(f"preprocess 'color' must be 'rgb' or 'gray', got {self.color!r}")
         if self.layout not in ("nchw", "nhwc"):
@@ -57,11 +57,14 @@ class Preprocess:
             raise InputError(f"preprocess 'resample' must be one of {', '.join(_RESAMPLE)}, got {self.resample!r}")
         if self.dtype != "float32":
             raise InputError(f"preprocess 'dtype' must be 'float32', got {self.dtype!r}")
-        if not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale) or self.scale == 0:
+        if not _is_number(self.scale) or not math.isfinite(self.scale) or self.scale == 0:
             raise InputError(f"preprocess 'scale' must be a finite non-zero number, got {self.scale!r}")
         for key in ("mean", "std"):
             value = getattr(self, key)
-            values = tuple(float(v) for v in value) if _is_seq(value) else (float(value),)
+            values = tuple(value) if _is_seq(value) else (value,)
+            if not all(_is_number(v) and math.isfinite(v) for v in values):
+                raise InputError(f"preprocess '{key}' must be a number or a list of numbers, got {value!r}")
+            values = tuple(float(v) for v in values)
             if len(values) not in (1, self.channels):
                 raise InputError(
                     f"preprocess '{key}' has {len(values)} values; color {self.color!r} has {self.channels} channel(s)"
@@ -134,6 +137,10 @@ class Preprocess:
 
 def _is_seq(value: Any) -> bool:
     return isinstance(value, (list, tuple))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _to_pil(image: Any):

@@ -62,9 +62,6 @@ def test_help(command, mentions):
         assert word in text, word
 
 
-@pytest.mark.xfail(strict=True, reason="bug: cli.py help strings put defaults in square brackets ('[default: "
-                                       "SOURCE stem + .bundle]'); typer's Rich markup eats them as tags, so "
-                                       "--out/--targets/--val/--val-samples/--name show 'Bundle directory to write .'")
 def test_help_shows_the_documented_defaults():
     text = _flat(edgesdk("quantize", "--help").stdout)
     assert "SOURCE stem + .bundle" in text
@@ -200,9 +197,6 @@ def test_validation_failure_exits_1(tmp_path, digits_npz):
     assert Bundle.open(out).manifest["validation"]["onnxruntime-int8"]["passed"] is False
 
 
-@pytest.mark.xfail(strict=True, reason="bug: cli.py main() tests `isinstance(exc, click.ClickException)` but typer "
-                                       "0.29 raises its vendored typer._click exceptions, so usage errors (a missing "
-                                       "option, no command) escape as a traceback with exit code 1")
 @pytest.mark.parametrize("args", [("quantize", "model.onnx"), ("inspect",), ("quantize", "m.onnx", "--calib")],
                          ids=["missing-calib", "missing-bundle", "option-without-value"])
 def test_usage_error_exits_2_without_traceback(args):

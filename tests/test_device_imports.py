@@ -37,7 +37,7 @@ bundle = Bundle.open(sys.argv[1])
 golden = bundle.golden()
 report["ran"] = []
 for art in bundle.artifacts:
-    with open_engine(art.engine, art.model_path) as engine:
+    with art.open() as engine:
         engine.run([golden["input_0"][:1]])
         report["ran"].append(art.id)
 report["after_engines"] = loaded(FORBIDDEN)

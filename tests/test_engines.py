@@ -115,9 +115,6 @@ def test_openvino_honours_the_f32_precision_hint(bundle):
         assert engine.execution_devices
 
 
-@pytest.mark.xfail(OV_DEFAULT == "bf16", strict=True,
-                   reason="bug: engines/openvino.py effective_precision maps ov.Type.bf16 through to_dtype(), "
-                          "which numpy reports as float16, so bf16 execution is recorded as 'float16'")
 def test_openvino_effective_precision_names_the_real_type(bundle):
     art = bundle.artifact("openvino-int8")
     names = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
@@ -125,18 +122,13 @@ def test_openvino_effective_precision_names_the_real_type(bundle):
         assert engine.effective_precision == names[OV_DEFAULT]
 
 
-@pytest.mark.parametrize("aid", [
-    pytest.param(aid, marks=pytest.mark.xfail(
-        aid == "openvino-fp32" and OV_DEFAULT != "f32", strict=True,
-        reason="bug: the openvino-fp32 golden tolerance (1e-4) is measured with precision_hint f32, but the "
-               "manifest does not tell the device to ask for f32; opened with defaults on a bf16 CPU it is off by "
-               "~3e-2")) for aid in ALL_IDS])
-def test_golden_within_tolerance_with_engine_defaults(bundle, aid):
-    """A device opening any artifact with default options can check its numerics against the golden file."""
+@pytest.mark.parametrize("aid", ALL_IDS)
+def test_golden_within_tolerance_with_the_recorded_runtime_options(bundle, aid):
+    """A device opening any artifact the way the manifest says can check its numerics against the golden file."""
     art = bundle.artifact(aid)
     golden = bundle.golden()
     tolerance = bundle.manifest["golden"]["tolerance"][aid]
-    with open_engine(art.engine, art.model_path) as engine:
+    with art.open() as engine:
         for i in range(len(golden["input_0"])):
             (out,) = engine.run([golden["input_0"][i : i + 1]])
             assert np.max(np.abs(out - golden["output_0"][i : i + 1])) <= tolerance
@@ -173,3 +165,12 @@ def test_cpu_only_engines_refuse_other_devices(bundle, engine):
                                                  r"asked for NPU") as info:
         open_engine(engine, art.model_path, device="NPU")
     assert info.value.reason == "device_missing"
+
+
+def test_openvino_fp32_records_the_f32_hint(bundle):
+    """Without it the float reference would run as bf16 on AMX CPUs and miss its golden tolerance."""
+    art = bundle.artifact("openvino-fp32")
+    assert art.runtime == {"precision_hint": "f32"}
+    with art.open() as engine:
+        assert engine.effective_precision == "float32"
+    assert bundle.artifact("openvino-int8").runtime == {}

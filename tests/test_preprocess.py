@@ -108,9 +108,6 @@ def test_bad_toml_values(tmp_path, toml, message):
         Preprocess.from_toml(path)
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="bug: preprocess.py __post_init__ calls int()/float() on size/mean/std values unchecked, "
-                          "so a non-numeric value escapes as a bare ValueError instead of InputError")
 @pytest.mark.parametrize("toml", ['size = ["a", 8]', 'size = [8, 8]\nmean = ["zero"]',
                                   'size = [8, 8]\nstd = ["x", 1, 1]'], ids=["size", "mean", "std"])
 def test_non_numeric_toml_values_are_input_errors(tmp_path, toml):
@@ -120,8 +117,6 @@ def test_non_numeric_toml_values_are_input_errors(tmp_path, toml):
         Preprocess.from_toml(path)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: preprocess.py __post_init__ truncates a fractional size with int() "
-                                       "(8.5 -> 8) instead of refusing it")
 def test_fractional_size_is_refused(tmp_path):
     path = tmp_path / "pre.toml"
     path.write_text("size = [8.5, 8]")
@@ -199,7 +194,7 @@ def test_device_preprocessing_reproduces_golden_on_every_int8_artifact(digits_bu
     assert None not in files, "a golden input is not exactly the preprocessing of a validation image"
     for aid in ("litert-int8", "openvino-int8", "onnxruntime-int8"):
         art = bundle.artifact(aid)
-        with open_engine(art.engine, art.model_path) as engine:
+        with art.open() as engine:
             for i, f in enumerate(files):
                 (out,) = engine.run([pre(f)])
                 err = float(np.max(np.abs(out - golden["output_0"][i : i + 1])))

@@ -36,12 +36,17 @@ class Dataset:
     label_names: list[str] | None
     origin: str
     names: list[str]  # a short name of each sample, used in error messages
+    inputs: list[TensorSpec] | None = None  # set by read_dataset: every loaded sample is checked against it
+    what: str = "calibration"
 
     def __len__(self) -> int:
         return len(self.loaders)
 
     def load(self, i: int) -> list[np.ndarray]:
-        return self.loaders[i]()
+        sample = self.loaders[i]()
+        if self.inputs is not None:
+            _check_fits(sample, self.inputs, f"{self.what} data {self.origin}", self.names[i])
+        return sample
 
     def subset(self, indices: Sequence[int]) -> "Dataset":
         return Dataset(
@@ -50,6 +55,8 @@ class Dataset:
             self.label_names,
             self.origin,
             [self.names[i] for i in indices],
+            self.inputs,
+            self.what,
         )
 
 
@@ -81,7 +88,8 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
         raise CalibrationError(f"cannot read {what} data from {type(data).__name__}")
     if len(ds) == 0:
         raise CalibrationError(f"{what} data {ds.origin} holds no samples")
-    _check_fits(ds, inputs, what)
+    ds.inputs, ds.what = inputs, what
+    ds.load(0)  # fail now, before any long work, if the data does not fit the model
     return ds
 
 
@@ -219,20 +227,18 @@ def _names_from_index(index: dict[str, int]) -> list[str]:
     return names
 
 
-def _check_fits(ds: Dataset, inputs: list[TensorSpec], what: str) -> None:
-    """Load the first sample and compare it with the model's inputs, before any long work starts."""
-    first = ds.load(0)
-    if len(first) != len(inputs):
+def _check_fits(sample: list[np.ndarray], inputs: list[TensorSpec], where: str, name: str) -> None:
+    if len(sample) != len(inputs):
         raise CalibrationError(
-            f"{what} data {ds.origin} gives {len(first)} input(s) per sample; the model takes {len(inputs)} "
+            f"{where} gives {len(sample)} input(s) per sample ({name}); the model takes {len(inputs)} "
             f"({', '.join(s.name for s in inputs)})"
         )
-    for spec, arr in zip(inputs, first):
+    for spec, arr in zip(inputs, sample):
         fits = arr.ndim == len(spec.shape) and all(d in (-1, a) for d, a in zip(spec.shape, arr.shape))
         if not fits:
             raise CalibrationError(
-                f"{what} data {ds.origin} does not fit the model: input {spec.name!r} has shape "
-                f"{list(spec.shape)}, a sample has shape {list(arr.shape)}"
+                f"{where} does not fit the model: input {spec.name!r} has shape "
+                f"{list(spec.shape)}, a sample has shape {list(arr.shape)} ({name})"
             )
 
 

@@ -76,17 +76,23 @@ def quantize(
         raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
     if samples < 1:
         raise CalibrationError(f"samples must be at least 1, got {samples}")
+    if val_samples is not None and val_samples < 1:
+        raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {val_samples}")
 
     src = open_source(source, example_input)
     wanted = list(targets) if targets is not None else list(src.targets)
     if not wanted:
         raise ConversionError("no targets asked for")
+    twice = sorted({t for t in wanted if wanted.count(t) > 1})
+    if twice:
+        raise ConversionError(f"target(s) listed more than once: {', '.join(twice)}")
     src.check_targets(wanted)
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
 
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
     src.fix_shapes(calib_ds.load(0))
+    calib_ds.inputs = src.inputs  # later samples are checked against the fixed shapes
     picked, rest = calibration.draw(calib_ds, samples, seed)
     if len(calib_ds) < samples:
         raise CalibrationError(
@@ -149,6 +155,8 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
     for b in built:
         entry = {"id": b.id, "engine": b.engine, "precision": b.precision,
                  "files": [file_entry(work, f) for f in b.files]}
+        if b.runtime:
+            entry["runtime"] = b.runtime
         if b.precision == "int8":
             entry["method"] = b.method
             entry["reference"] = next(r.id for r in built if r.engine == b.engine and r.precision == "fp32")

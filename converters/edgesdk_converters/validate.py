@@ -39,9 +39,8 @@ class _Tally:
 
 
 def open_for_validation(built: Built) -> Engine:
-    # OpenVINO runs "fp32" as bf16 on AMX CPUs unless told otherwise: the reference must be real f32.
-    hint = "f32" if built.engine == "openvino" and built.precision == "fp32" else None
-    return open_engine(built.engine, built.files[0], precision_hint=hint)
+    # The same options the device will use: the manifest records them as the artifact's "runtime".
+    return open_engine(built.engine, built.files[0], **built.runtime)
 
 
 def validate(built: list[Built], val: Dataset, max_drop: float,

@@ -11,6 +11,7 @@ from ..errors import BackendUnavailable
 from .base import Engine, TensorSpec
 
 _core: ov.Core | None = None
+_PRECISION_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8", "u8": "uint8"}
 
 
 def core() -> ov.Core:
@@ -55,7 +56,9 @@ class OpenVINOEngine(Engine):
     @property
     def effective_precision(self) -> str:
         hint = self._compiled.get_property("INFERENCE_PRECISION_HINT")
-        return str(hint.to_dtype().name if hasattr(hint, "to_dtype") else hint)
+        name = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+        # numpy has no bfloat16: name the OpenVINO type, not its numpy stand-in (float16).
+        return _PRECISION_NAMES.get(name, name)
 
     @property
     def execution_devices(self) -> list[str]:

@@ -23,7 +23,8 @@ class Built:
     precision: str
     files: list[Path]
     method: str = ""
-    details: dict = field(default_factory=dict)
+    # Engine options the artifact must be opened with (recorded in the manifest as "runtime").
+    runtime: dict = field(default_factory=dict)
 
 
 def builder(target: str):
