@@ -124,8 +124,8 @@ def quantize(
             say(f"[{target}] building float and INT8 artifacts for {TARGET_ENGINES[target]}")
             target_dir = work / target
             target_dir.mkdir()
-            with captured(quiet_toolchains):
-                built += builder(target)(src, calib_samples, target_dir)
+            with captured(quiet_toolchains) as console:
+                built += builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console))
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         metrics, golden = validate(built, val_ds, max_drop, bar("validating"))
@@ -243,11 +243,26 @@ def _labels(labels) -> list[str] | None:
 
 
 def _progress_bar(enabled: bool):
-    def make(desc: str):
+    """``bar(desc, stream)`` -> a function wrapping an iterable so that each pass over it shows a bar."""
+
+    def make(desc: str, stream=None):
         if not enabled:
-            return iter
+            return lambda it: it
         from tqdm import tqdm
 
-        return lambda it: tqdm(it, desc=desc, unit="sample", file=sys.stderr, leave=False)
+        class Progress:
+            # Re-iterable: toolchains may pass over the calibration data more than once.
+            def __init__(self, items):
+                self.items = items
+
+            def __len__(self):
+                return len(self.items)
+
+            def __iter__(self):
+                # position=0: the toolchains run hidden bars of their own, which would push ours down a line
+                return iter(tqdm(self.items, desc=desc, unit="sample", file=stream or sys.stderr, leave=False,
+                                 position=0))
+
+        return Progress
 
     return make

@@ -14,19 +14,21 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Iterator
+from typing import Iterator, TextIO
 
 TAIL_LINES = 40
 
 
 @contextlib.contextmanager
-def captured(enabled: bool = True) -> Iterator[None]:
+def captured(enabled: bool = True) -> Iterator[TextIO]:
+    """Capture fds 1 and 2; yield a stream to the real stderr for our own progress bars."""
     if not enabled:
-        yield
+        yield sys.stderr
         return
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
+    console = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
     root_level = logging.root.level
     with tempfile.TemporaryFile(mode="w+b") as sink, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -34,8 +36,9 @@ def captured(enabled: bool = True) -> Iterator[None]:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
-            yield
+            yield console
         except BaseException:
+            console.close()
             _restore(saved, root_level)
             sink.seek(0)
             tail = sink.read().decode("utf-8", "replace").splitlines()[-TAIL_LINES:]
@@ -43,6 +46,7 @@ def captured(enabled: bool = True) -> Iterator[None]:
                 print("--- last lines of the converter's output ---", *tail, "---", sep="\n", file=sys.stderr)
             raise
         else:
+            console.close()
             _restore(saved, root_level)
 
 

@@ -1,7 +1,8 @@
 """Target builders: each turns a :class:`~..sources.Source` plus calibration samples
 into a float reference and an INT8 artifact for one engine.
 
-``build(source, samples, out_dir) -> list[Built]``; imported only when its target is asked for.
+``build(source, samples, out_dir, progress) -> list[Built]``; imported only when its target is asked for.
+``progress`` wraps the calibration samples so each pass over them shows a bar.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from . import Built
 METHOD = "onnxruntime quantize_static QDQ, per-channel int8 weights, uint8 activations (U8S8), MinMax calibration"
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -24,7 +24,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self._it = iter(samples)
+            self._it = iter(progress(samples))
 
         def get_next(self):
             sample = next(self._it, None)

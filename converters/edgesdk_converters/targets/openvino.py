@@ -14,7 +14,7 @@ METHOD = ("nncf.quantize (preset performance: symmetric int8, min/max activation
           "first-layer overflow fix)")
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
     import nncf
     import openvino as ov
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
@@ -23,7 +23,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]
     model = source.openvino_model()
     fp32 = out_dir / "model_fp32.xml"
     ov.save_model(model, str(fp32), compress_to_fp16=False)  # the float reference stays fp32
-    dataset = nncf.Dataset(samples, lambda sample: sample)
+    dataset = nncf.Dataset(progress(samples), lambda sample: sample)
     try:
         # Min/max activation ranges, as the other two targets use: NNCF's default estimator
         # clipped the digits CNN's logits (max error 4.3 vs 0.24). The overflow fix stays on

@@ -26,7 +26,7 @@ def running_min_max(qsv: dict, new: dict) -> dict:
     return {"min": np.minimum(qsv["min"], new["min"]), "max": np.maximum(qsv["max"], new["max"])}
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
@@ -38,7 +38,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path) -> list[Built]
     names = sig["inputs"]
     if len(names) != len(source.inputs):
         raise ConversionError(f"tflite signature {key!r} has inputs {names}; the source has {len(source.inputs)}")
-    calib = {key: [dict(zip(names, sample)) for sample in samples]}
+    calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
     int8 = out_dir / "model_int8.tflite"
     try:
         recipes = recipe_manager.RecipeManager()
