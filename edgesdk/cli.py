@@ -48,6 +48,8 @@ def quantize(
                                    "without labels); exit 1 when an INT8 artifact exceeds it."),
     name: Optional[str] = typer.Option(None, "--name", help="Bundle name (default: source stem)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    tflite_io: str = typer.Option("float", "--tflite-io", help="Input/output tensors of the INT8 tflite: 'float' "
+                                  "(int8 inside, fastest on CPU/GPU/most NPUs) or 'int8' (integer-only: Coral, MCUs)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
@@ -58,7 +60,7 @@ def quantize(
     result = run_quantize(
         source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
         samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, name=name, overwrite=force,
-        progress=not quiet,
+        tflite_io=tflite_io, progress=not quiet,
     )
     if as_json:
         print(json.dumps(result.manifest, indent=2))

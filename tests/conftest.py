@@ -92,6 +92,14 @@ def int8_tflite(tmp_path_factory, digits_bundle) -> Path:
 
 
 @pytest.fixture(scope="session")
+def int8_io_bundle(tmp_path_factory, digits_images):
+    """digits.pt2 -> tflite only, integer-only (tflite_io="int8": int8 input and output tensors)."""
+    out = tmp_path_factory.mktemp("int8-io") / "digits-int8io.bundle"
+    return quantize(DIGITS_PT2, digits_images / "train", out, val=digits_images / "val", preprocess=DIGITS_TOML,
+                    targets=["tflite"], tflite_io="int8", samples=100, val_samples=100)
+
+
+@pytest.fixture(scope="session")
 def tflite_bundle(tmp_path_factory, float_tflite, digits_npz):
     """A float .tflite -> its default targets (tflite, openvino), .npz calibration."""
     out = tmp_path_factory.mktemp("tflite-bundle") / "digits-tflite.bundle"

@@ -82,18 +82,28 @@ def tflite_integer_report(path: Path) -> dict:
             act, weights = (tensors[i] for i in op["inputs"][:2])
             out = tensors[op["outputs"][0]]
             weighted.append((op["op_name"], act["dtype"], weights["dtype"], out["dtype"]))
+    io = {d["index"] for d in interp.get_input_details() + interp.get_output_details()}
     return {
         "inputs": [d["dtype"] for d in interp.get_input_details()],
         "outputs": [d["dtype"] for d in interp.get_output_details()],
         "weighted_ops": weighted,
-        "float_tensors": [d["name"] for d in tensors.values() if d["dtype"] in (np.float32, np.float16)],
+        "ops": [op["op_name"] for op in interp._get_ops_details()],
+        # float tensors other than the model's own input/output tensors
+        "float_tensors": [d["name"] for i, d in tensors.items()
+                          if d["dtype"] in (np.float32, np.float16) and i not in io],
     }
 
 
-def assert_tflite_int8(path: Path) -> None:
+def assert_tflite_int8(path: Path, io: str = "float") -> None:
+    """Every weight and every activation inside is int8; the I/O tensors are float around
+    in-graph QUANTIZE/DEQUANTIZE ops (io="float", the default) or int8 themselves (io="int8")."""
     rep = tflite_integer_report(path)
-    assert rep["inputs"] and all(d == np.int8 for d in rep["inputs"]), rep["inputs"]
-    assert rep["outputs"] and all(d == np.int8 for d in rep["outputs"]), rep["outputs"]
+    io_dtype = np.float32 if io == "float" else np.int8
+    assert rep["inputs"] and all(d == io_dtype for d in rep["inputs"]), rep["inputs"]
+    assert rep["outputs"] and all(d == io_dtype for d in rep["outputs"]), rep["outputs"]
+    if io == "float":
+        assert rep["ops"].count("QUANTIZE") == len(rep["inputs"]), rep["ops"]
+        assert rep["ops"].count("DEQUANTIZE") == len(rep["outputs"]), rep["ops"]
     assert rep["weighted_ops"], "no conv / fully-connected op found"
     for op, act, weights, out in rep["weighted_ops"]:
         assert (act, weights, out) == (np.int8, np.int8, np.int8), f"{op}: {act}, {weights}, {out}"

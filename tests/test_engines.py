@@ -78,10 +78,11 @@ def test_other_numeric_dtypes_are_converted(bundle):
         np.testing.assert_allclose(engine.run([x.astype(np.float64)])[0], engine.run([x])[0], rtol=1e-6)
 
 
-def test_litert_int8_io_is_quantized_transparently(bundle):
-    """The int8 model's I/O is int8; run() takes and returns float32, matching a hand-quantized invoke."""
+def test_litert_int8_io_is_quantized_transparently(int8_io_bundle):
+    """An integer-only model's I/O is int8; run() takes and returns float32, matching a hand-quantized invoke."""
     from ai_edge_litert.interpreter import Interpreter
 
+    bundle = Bundle.open(int8_io_bundle.bundle)
     art = bundle.artifact("litert-int8")
     x = bundle.golden()["input_0"][:1]
     with open_engine("litert", art.model_path) as engine:
@@ -174,3 +175,11 @@ def test_openvino_fp32_records_the_f32_hint(bundle):
     with art.open() as engine:
         assert engine.effective_precision == "float32"
     assert bundle.artifact("openvino-int8").runtime == {}
+
+
+def test_litert_int8_default_keeps_float_io(bundle):
+    """The default INT8 tflite takes and returns float32 tensors; QUANTIZE/DEQUANTIZE run inside the graph."""
+    art = bundle.artifact("litert-int8")
+    with open_engine("litert", art.model_path) as engine:
+        assert engine.inputs[0].dtype == "float32" and engine.outputs[0].dtype == "float32"
+    assert "float input/output tensors" in art.entry["method"]

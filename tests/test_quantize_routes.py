@@ -61,6 +61,17 @@ def test_int8_artifact_is_really_integer(request, fixture, aid):
     INT8_CHECKS[art.engine](art.model_path)
 
 
+def test_integer_only_tflite_has_int8_io(int8_io_bundle):
+    """--tflite-io int8: integer-only, input and output tensors int8 too (Coral, microcontrollers)."""
+    from support import assert_tflite_int8
+
+    art = Bundle.open(int8_io_bundle.bundle).artifact("litert-int8")
+    assert_tflite_int8(art.model_path, io="int8")
+    with pytest.raises(AssertionError):
+        assert_tflite_int8(art.model_path, io="float")
+    assert int8_io_bundle.manifest["validation"]["litert-int8"]["passed"]
+
+
 @pytest.mark.parametrize("aid", ["litert-fp32", "openvino-fp32", "onnxruntime-fp32"])
 def test_float_reference_fails_the_integer_check(digits_bundle, aid):
     """The integer checks discriminate: the fp32 reference of each engine does not pass them."""

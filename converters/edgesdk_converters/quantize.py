@@ -24,6 +24,7 @@ from edgesdk.report import failing_artifacts, validation_table
 from . import calibration
 from .sources import open_source
 from .targets import TARGET_ENGINES, Built, builder
+from .targets.tflite import IO_TYPES as TFLITE_IO
 from .toolchain_output import captured
 from .validate import validate
 
@@ -57,13 +58,15 @@ def quantize(
     version: str = "1",
     example_input: Any = None,
     overwrite: bool = False,
+    tflite_io: str = "float",
     progress: bool = True,
     quiet_toolchains: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> QuantizeResult:
     """Quantize ``source`` for every target, validate, and write the bundle at ``out``.
 
-    ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
+    ``tflite_io`` is ``"float"`` (float I/O tensors around an int8 graph) or ``"int8"``
+    (integer-only, for Coral / microcontrollers). ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
     Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
     recorded) when an INT8 artifact loses more than ``max_drop`` points.
     """
@@ -87,6 +90,9 @@ def quantize(
     if twice:
         raise ConversionError(f"target(s) listed more than once: {', '.join(twice)}")
     src.check_targets(wanted)
+    target_options = {"tflite": {"io": tflite_io}}
+    if tflite_io not in TFLITE_IO:
+        raise ConversionError(f"tflite_io must be one of {', '.join(TFLITE_IO)}, got {tflite_io!r}")
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
 
@@ -125,7 +131,8 @@ def quantize(
             target_dir = work / target
             target_dir.mkdir()
             with captured(quiet_toolchains) as console:
-                built += builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console))
+                built += builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console),
+                                         **target_options.get(target, {}))
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         metrics, golden = validate(built, val_ds, max_drop, bar("validating"))

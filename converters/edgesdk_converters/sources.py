@@ -163,10 +163,16 @@ class TFLiteSource(Source):
         except BackendUnavailable as exc:
             raise ConversionError(f"{path} is not a loadable TFLite model: {exc.detail}") from exc
         self.inputs, self.outputs = interp.inputs, interp.outputs
-        bad = [s for s in self.inputs + self.outputs if s.dtype != "float32"]
-        if bad:
+        interp.close()
+        from ai_edge_litert.interpreter import Interpreter
+
+        # A quantized model may keep float I/O around an int8 graph: look at every tensor.
+        quantized = [d for d in Interpreter(model_path=str(path)).get_tensor_details()
+                     if np.dtype(d["dtype"]) in (np.int8, np.uint8, np.int16) and d["quantization"][0]]
+        if quantized:
             raise ConversionError(
-                f"{path} is already quantized ({bad[0].name} is {bad[0].dtype}); give the float model"
+                f"{path} is already quantized ({quantized[0]['name']} is {np.dtype(quantized[0]['dtype']).name}); "
+                "give the float model"
             )
 
     def float_tflite(self, path: Path) -> Path:

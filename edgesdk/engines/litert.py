@@ -28,7 +28,7 @@ def _input_qparams(detail: dict) -> tuple[np.float32, np.float32, int, int] | No
     if q is None:
         return None
     info = np.iinfo(detail["dtype"])
-    return np.float32(1.0 / q[0]), np.float32(q[1]), info.min, info.max
+    return np.float32(q[0]), np.float32(q[1]), info.min, info.max
 
 
 class LiteRTEngine(Engine):
@@ -60,14 +60,13 @@ class LiteRTEngine(Engine):
             if q is None:
                 self._interp.set_tensor(detail["index"], arr)
                 continue
-            # Quantize in a preallocated float buffer and cast straight into the input
-            # tensor's memory: no per-call temporaries on the hot path.
-            inv_scale, zero_point, lo, hi = q
-            np.multiply(arr, inv_scale, out=buf)
-            np.add(buf, zero_point, out=buf)
+            # round(x / scale) + zero_point, as TFLite's Quantize op (rounding before the offset
+            # matters at .5 ties), in a preallocated buffer, clipped straight into the tensor's memory.
+            scale, zero_point, lo, hi = q
+            np.divide(arr, scale, out=buf)
             np.rint(buf, out=buf)
-            np.clip(buf, lo, hi, out=buf)
-            np.copyto(self._interp.tensor(detail["index"])(), buf, casting="unsafe")
+            np.add(buf, zero_point, out=buf)
+            np.clip(buf, lo, hi, out=self._interp.tensor(detail["index"])(), casting="unsafe")
         self._interp.invoke()
         results = []
         for detail, q in zip(self._out, self._out_q):

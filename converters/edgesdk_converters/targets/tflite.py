@@ -12,6 +12,13 @@ from edgesdk.errors import ConversionError
 from . import Built
 
 METHOD = "ai-edge-quantizer static_wi8_ai8 (int8 weights per-channel, int8 activations, running min/max calibration)"
+IO_TYPES = ("float", "int8")
+# Keep the model's input and output tensors float: QUANTIZE/DEQUANTIZE ops inside the graph do the
+# conversion (XNNPACK runs them in one fused pass); everything between is int8.
+_FLOAT_IO = [
+    {"regex": ".*", "operation": "INPUT", "algorithm_key": "no_quantize"},
+    {"regex": ".*", "operation": "OUTPUT", "algorithm_key": "no_quantize"},
+]
 
 
 def running_min_max(qsv: dict, new: dict) -> dict:
@@ -26,7 +33,11 @@ def running_min_max(qsv: dict, new: dict) -> dict:
     return {"min": np.minimum(qsv["min"], new["min"]), "max": np.maximum(qsv["max"], new["max"])}
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
+          io: str = "float") -> list[Built]:
+    """``io="float"``: float32 input/output tensors, int8 inside (the fast default on CPUs, GPUs and
+    most NPU delegates); ``io="int8"``: integer-only, int8 input/output too (Coral Edge TPU,
+    microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself."""
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
@@ -39,17 +50,20 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     if len(names) != len(source.inputs):
         raise ConversionError(f"tflite signature {key!r} has inputs {names}; the source has {len(source.inputs)}")
     calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
+    if io not in IO_TYPES:
+        raise ConversionError(f"tflite io must be one of {', '.join(IO_TYPES)}, got {io!r}")
     int8 = out_dir / "model_int8.tflite"
+    chosen = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
     try:
         recipes = recipe_manager.RecipeManager()
-        recipes.load_quantization_recipe(recipe.static_wi8_ai8())
+        recipes.load_quantization_recipe(chosen)
         calib_run = calibrator.Calibrator(str(fp32), num_threads=os.cpu_count() or 1, qsv_update_func=running_min_max)
         calib_run.calibrate(calib, recipes)
-        qt = quantizer.Quantizer(str(fp32), recipe.static_wi8_ai8())
+        qt = quantizer.Quantizer(str(fp32), chosen)
         qt.quantize(calib_run.get_model_qsvs()).export_model(str(int8), overwrite=True)
     except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
         raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
     return [
         Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
-        Built("litert-int8", "litert", "int8", [int8], METHOD),
+        Built("litert-int8", "litert", "int8", [int8], f"{METHOD}, {io} input/output tensors"),
     ]
