@@ -150,7 +150,7 @@ def test_unknown_engine():
 
 @pytest.mark.parametrize(("engine", "suffix", "reason"), [
     ("litert", ".tflite", "load_failed"), ("onnxruntime", ".onnx", "load_failed"),
-    ("openvino", ".xml", "compile_failed")])
+    ("openvino", ".xml", "load_failed")])
 def test_garbage_model_file(tmp_path, engine, suffix, reason):
     path = tmp_path / f"garbage{suffix}"
     path.write_bytes(np.random.default_rng(0).bytes(512))
@@ -159,12 +159,17 @@ def test_garbage_model_file(tmp_path, engine, suffix, reason):
     assert info.value.reason == reason
 
 
-@pytest.mark.parametrize("engine", ["litert", "onnxruntime"])
-def test_cpu_only_engines_refuse_other_devices(bundle, engine):
-    art = next(a for a in bundle.artifacts if a.engine == engine)
-    with pytest.raises(BackendUnavailable, match=rf"device_missing: {engine} backend here runs on CPU only; "
-                                                 r"asked for NPU") as info:
-        open_engine(engine, art.model_path, device="NPU")
+@pytest.mark.parametrize(("engine", "device", "message"), [
+    ("litert", "NPU", r"litert: no NPU device node here"),
+    ("litert", "GPU", r"LiteRT GPU cannot run model_fp32.tflite"),
+    ("onnxruntime", "NPU", r"onnxruntime has no execution provider 'NPU' here"),
+    ("openvino", "GPU", r"OpenVINO has no device 'GPU' here"),
+])
+def test_missing_accelerators_fail_for_real(bundle, engine, device, message):
+    """This machine has no GPU or NPU: each engine's real attempt fails with device_missing."""
+    art = bundle.artifact(f"{engine}-fp32")
+    with pytest.raises(BackendUnavailable, match=message) as info:
+        open_engine(engine, art.model_path, device=device)
     assert info.value.reason == "device_missing"
 
 

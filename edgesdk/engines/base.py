@@ -22,6 +22,38 @@ class TensorSpec:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
+KINDS = ("NPU", "GPU", "CPU")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device an engine reports: ``name`` is what the engine's ``device`` option takes."""
+
+    engine: str
+    kind: str  # NPU, GPU or CPU
+    name: str  # OpenVINO "GPU.0", ORT "CUDAExecutionProvider", LiteRT "CPU"/"GPU"/"NPU"
+    full_name: str = ""
+    precisions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "kind": self.kind, "name": self.name, "full_name": self.full_name,
+                "precisions": list(self.precisions)}
+
+
+@dataclass
+class Discovery:
+    """What one engine reports about this machine; ``notes`` say why an expected device is missing."""
+
+    engine: str
+    version: str | None
+    devices: list[Device]
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "version": self.version, "devices": [d.to_dict() for d in self.devices],
+                "notes": self.notes}
+
+
 class Engine(ABC):
     """A loaded model on one engine and device.
 
@@ -32,6 +64,17 @@ class Engine(ABC):
 
     name: str = ""
     suffixes: tuple[str, ...] = ()
+    # Artifact engines (manifest "engine" values) this backend can run; by default its own name.
+    formats: tuple[str, ...] = ()
+
+    @classmethod
+    def accepts(cls, artifact_engine: str) -> bool:
+        return artifact_engine in (cls.formats or (cls.name,))
+
+    @classmethod
+    def discover(cls) -> Discovery:
+        """The devices this engine can use here (no model needed)."""
+        return Discovery(cls.name, None, [Device(cls.name, "CPU", "CPU")], [])
 
     def __init__(self, model_path: str | Path, *, device: str = "CPU", precision_hint: str | None = None,
                  num_threads: int | None = None):
@@ -52,6 +95,16 @@ class Engine(ABC):
     @property
     def effective_precision(self) -> str | None:
         """The precision the engine computes in, where it tells (e.g. OpenVINO's bf16 on AMX)."""
+        return None
+
+    @property
+    def executing(self) -> list[str]:
+        """The devices the engine says it actually runs on (the placement proof)."""
+        return [self.device]
+
+    @property
+    def fully_accelerated(self) -> bool | None:
+        """Whether every op runs on the requested accelerator, where the engine tells."""
         return None
 
     def check_feeds(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -1,19 +1,29 @@
-"""LiteRT (ai-edge-litert, or tflite-runtime on boards that only have it), CPU via XNNPACK."""
+"""LiteRT (ai-edge-litert, or tflite-runtime on boards that only have it).
+
+CPU runs on the classic Interpreter with XNNPACK. GPU and NPU go through LiteRT's
+CompiledModel with that accelerator alone, so a model that does not fully run there
+fails to load (and the runtime records why) instead of silently running on the CPU.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import BackendUnavailable
-from .base import Engine, TensorSpec
+from .base import Device, Discovery, Engine, TensorSpec
 
 try:
     from ai_edge_litert.interpreter import Interpreter
+
+    _PACKAGE = "ai-edge-litert"
 except ImportError:  # older ARM boards ship only the frozen tflite-runtime
     from tflite_runtime.interpreter import Interpreter
+
+    _PACKAGE = "tflite-runtime"
 
 
 def _qparams(detail: dict) -> tuple[float, int] | None:
@@ -31,14 +41,60 @@ def _input_qparams(detail: dict) -> tuple[np.float32, np.float32, int, int] | No
     return np.float32(q[0]), np.float32(q[1]), info.min, info.max
 
 
+_NPU_NODES = ("/dev/accel", "/dev/dri", "/dev/fastrpc-cdsp", "/dev/apusys")
+
+
+def _npu_node() -> str | None:
+    return next((p for p in _NPU_NODES if Path(p).exists()), None)
+
+
+def _accelerator_libs() -> dict[str, list[str]]:
+    """GPU accelerator and NPU dispatch libraries shipped with ai-edge-litert (none with tflite-runtime)."""
+    if _PACKAGE != "ai-edge-litert":
+        return {"GPU": [], "NPU": []}
+    import ai_edge_litert
+
+    root = Path(ai_edge_litert.__file__).parent
+    gpu = sorted(p.name for p in root.glob("libLiteRt*Gpu*Accelerator*.so"))
+    npu = sorted(p.name for p in (root / "vendors").glob("*")) if (root / "vendors").is_dir() else []
+    return {"GPU": gpu, "NPU": npu}
+
+
 class LiteRTEngine(Engine):
     name = "litert"
     suffixes = (".tflite",)
 
+    @classmethod
+    def discover(cls) -> Discovery:
+        from . import engine_version
+
+        libs = _accelerator_libs()
+        devices = [Device("litert", "CPU", "CPU", "XNNPACK", ("fp32", "int8"))]
+        notes = []
+        # LiteRT cannot list GPUs or NPUs without compiling a model: these are probed at load.
+        if libs["GPU"]:
+            devices.append(Device("litert", "GPU", "GPU", f"probed at load ({', '.join(libs['GPU'])})", ("fp32", "fp16")))
+        else:
+            notes.append(f"GPU: {_PACKAGE} has no GPU accelerator library here")
+        if libs["NPU"] and _npu_node():
+            devices.append(Device("litert", "NPU", "NPU", f"probed at load (vendors: {', '.join(libs['NPU'])})", ("int8",)))
+        else:
+            notes.append("NPU: no NPU device node (/dev/accel, /dev/fastrpc-cdsp, ...) for LiteRT's vendor dispatch "
+                         f"libraries ({', '.join(libs['NPU']) or 'none installed'})")
+        return Discovery("litert", engine_version("litert"), devices, notes)
+
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
-        if self.device != "CPU":
-            raise BackendUnavailable("device_missing", f"litert backend here runs on CPU only; asked for {self.device}")
+        if self.device not in ("CPU", "GPU", "NPU"):
+            raise BackendUnavailable("device_missing", f"litert has no device {self.device!r} (CPU, GPU, NPU)")
+        self._interp = self._compiled = None
+        self._fully = None
+        if self.device == "CPU":
+            self._open_interpreter()
+        else:
+            self._open_compiled()
+
+    def _open_interpreter(self) -> None:
         try:
             # The interpreter defaults to one thread; ORT and OpenVINO use every core by default.
             threads = self.num_threads or os.cpu_count() or 1
@@ -54,8 +110,43 @@ class LiteRTEngine(Engine):
         self.inputs = [TensorSpec(d["name"], tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]).name) for d in self._in]
         self.outputs = [TensorSpec(d["name"], tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]).name) for d in self._out]
 
+    def _open_compiled(self) -> None:
+        from ai_edge_litert.compiled_model import CompiledModel
+        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+
+        accel = HardwareAccelerator.GPU if self.device == "GPU" else HardwareAccelerator.NPU
+        if self.device == "NPU" and not _npu_node():
+            # Without a device, LiteRT's NPU accelerator reports every op as "not accelerated".
+            raise BackendUnavailable("device_missing", f"litert: no NPU device node here ({', '.join(_NPU_NODES)})")
+        try:
+            # The accelerator alone, no CPU in the set: a partial placement fails instead of hiding.
+            self._compiled = CompiledModel.from_file(str(self.model_path), hardware_accel=accel)
+        except RuntimeError as exc:
+            text = str(exc)
+            reason = "unsupported_ops" if "not accelerated" in text else "device_missing"
+            detail = " ".join(line.strip(" └") for line in text.splitlines() if line.strip())[:300]
+            raise BackendUnavailable(reason, f"LiteRT {self.device} cannot run {self.model_path.name}: {detail}") from exc
+        self._fully = bool(self._compiled.is_fully_accelerated())
+        sig = next(iter(self._compiled.get_signature_list()))
+        ins = self._compiled.get_input_tensor_details(sig)
+        outs = self._compiled.get_output_tensor_details(sig)
+        self.inputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in ins.values()]
+        self.outputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in outs.values()]
+        if any(s.dtype != "float32" for s in self.inputs + self.outputs):
+            raise BackendUnavailable("unsupported_artifact",
+                                     f"LiteRT {self.device} path takes float I/O; {self.model_path.name} has integer I/O")
+        self._in_bufs = self._compiled.create_input_buffers(0)
+        self._out_bufs = self._compiled.create_output_buffers(0)
+        self._out_sizes = [int(np.prod(s.shape)) for s in self.outputs]
+
     def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
         feeds = self.check_feeds(feeds)
+        if self._compiled is not None:
+            for buf, arr in zip(self._in_bufs, feeds):
+                buf.write(arr)
+            self._compiled.run_by_index(0, self._in_bufs, self._out_bufs)
+            return [buf.read(n, np.float32).reshape(s.shape)
+                    for buf, n, s in zip(self._out_bufs, self._out_sizes, self.outputs)]
         for detail, q, buf, arr in zip(self._in, self._in_q, self._in_buf, feeds):
             if q is None:
                 self._interp.set_tensor(detail["index"], arr)
@@ -74,8 +165,13 @@ class LiteRTEngine(Engine):
             results.append(((out.astype(np.float32) - q[1]) * q[0]) if q is not None else out)
         return results
 
+    @property
+    def fully_accelerated(self) -> bool | None:
+        return self._fully
+
     def close(self) -> None:
         self._interp = None
+        self._compiled = None
 
 
 BACKEND = LiteRTEngine
