@@ -149,10 +149,14 @@ class Bundle:
 
     @property
     def preprocess(self):
+        from .errors import InputError
         from .preprocess import Preprocess
 
         data = self.manifest.get("preprocess")
-        return Preprocess.from_dict(data) if data else None
+        try:
+            return Preprocess.from_dict(data) if data else None
+        except InputError as exc:
+            raise BundleError(f"bundle {self.name!r} has a bad preprocess spec: {exc}") from exc
 
     @property
     def labels(self) -> list[str] | None:
@@ -181,25 +185,46 @@ def _check_manifest(manifest: Any, where: Path) -> None:
         raise BundleError(
             f"{where}: unknown format_version {manifest['format_version']!r} (this edgesdk reads {FORMAT_VERSION})"
         )
-    if not isinstance(manifest["artifacts"], list):
-        raise BundleError(f"{where}: 'artifacts' must be a list")
+    for key in ("inputs", "outputs", "artifacts"):
+        if not isinstance(manifest[key], list) or not manifest[key]:
+            raise BundleError(f"{where}: '{key}' must be a non-empty list")
+    for key in ("inputs", "outputs"):
+        for t in manifest[key]:
+            if not isinstance(t, dict) or not {"name", "shape", "dtype"} <= t.keys():
+                raise BundleError(f"{where}: every entry of '{key}' needs name, shape and dtype")
+    ids = [a.get("id") if isinstance(a, dict) else None for a in manifest["artifacts"]]
+    if len(set(map(str, ids))) != len(ids):
+        raise BundleError(f"{where}: artifact ids must be unique, got {ids}")
     for i, art in enumerate(manifest["artifacts"]):
         if not isinstance(art, dict) or not {"id", "engine", "precision", "files"} <= art.keys():
             raise BundleError(f"{where}: artifact #{i} needs id, engine, precision and files")
+        if not isinstance(art["id"], str) or not art["id"]:
+            raise BundleError(f"{where}: artifact #{i} needs a string id")
         if art["engine"] not in ENGINES:
             raise BundleError(f"{where}: artifact {art['id']!r} has unknown engine {art['engine']!r}")
         if art["precision"] not in PRECISIONS:
             raise BundleError(f"{where}: artifact {art['id']!r} has unknown precision {art['precision']!r}")
-        if not isinstance(art["files"], list) or not art["files"]:
-            raise BundleError(f"{where}: artifact {art['id']!r} lists no files")
-        for f in art["files"]:
-            if not isinstance(f, dict) or not {"path", "sha256", "bytes"} <= f.keys():
-                raise BundleError(f"{where}: artifact {art['id']!r} has a file entry without path/sha256/bytes")
+        _check_files(art["files"], f"artifact {art['id']!r}", where)
         runtime = art.get("runtime", {})
         if not isinstance(runtime, dict) or not set(runtime) <= RUNTIME_OPTIONS:
             raise BundleError(
                 f"{where}: artifact {art['id']!r} has runtime options {runtime!r}; known: {', '.join(sorted(RUNTIME_OPTIONS))}"
             )
+    golden = manifest.get("golden")
+    if golden is not None:
+        if not isinstance(golden, dict) or "files" not in golden:
+            raise BundleError(f"{where}: 'golden' must be a table with 'files'")
+        _check_files(golden["files"], "golden", where)
+        if not isinstance(golden.get("tolerance", {}), dict):
+            raise BundleError(f"{where}: 'golden.tolerance' must map artifact ids to numbers")
+
+
+def _check_files(files: Any, owner: str, where: Path) -> None:
+    if not isinstance(files, list) or not files:
+        raise BundleError(f"{where}: {owner} lists no files")
+    for f in files:
+        if not isinstance(f, dict) or not {"path", "sha256", "bytes"} <= f.keys():
+            raise BundleError(f"{where}: {owner} has a file entry without path/sha256/bytes")
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:

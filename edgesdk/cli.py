@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import EdgeSDKError, ValidationFailed
+from .errors import ConversionError, EdgeSDKError, ValidationFailed
 
 app = typer.Typer(
     help="edgesdk: quantize models into validated INT8 bundles and inspect them.",
@@ -54,7 +54,7 @@ def quantize(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
     """Quantize a float model to INT8 for LiteRT, OpenVINO and ONNX Runtime, validate, and write a bundle."""
-    from edgesdk_converters.quantize import quantize as run_quantize  # workstation only: imported lazily
+    run_quantize = _converters()
 
     out = out or source.with_name(source.stem + ".bundle")
     result = run_quantize(
@@ -99,15 +99,33 @@ def demo(
     images = workdir / "digits-images"
     if not (images / "val").is_dir():
         print(f"exporting scikit-learn's digits to {images}", file=sys.stderr)
-        subprocess.run([sys.executable, str(sample / "export_images.py"), str(images)], check=True)
-    from edgesdk_converters.quantize import quantize as run_quantize
-
+        done = subprocess.run([sys.executable, str(sample / "export_images.py"), str(images)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConversionError(f"exporting the digits images failed (needs scikit-learn: pip install "
+                                  f"'edgesdk[dev]'):\n{done.stderr.strip()[-2000:]}")
+    run_quantize = _converters()
     result = run_quantize(
         sample / "digits.pt2", images / "train", workdir / "digits.bundle", val=images / "val",
         preprocess=sample / "preprocess.toml", overwrite=True, progress=not quiet, max_drop=0.5,
     )
     print(result.table())
     print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
+
+
+def _converters():
+    """The workstation quantizer, imported only by the commands that need it."""
+    import importlib.util
+
+    # Fail here, with the fix, rather than mid-conversion (find_spec does not import: torch is slow to load).
+    missing = [m for m in ("edgesdk_converters", "torch", "onnx", "nncf", "ai_edge_quantizer")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConversionError(f"this command runs on the workstation and needs {', '.join(missing)} "
+                              "(pip install torch==2.13.0, then pip install 'edgesdk[convert]')")
+    from edgesdk_converters.quantize import quantize
+
+    return quantize
 
 
 def main() -> None:

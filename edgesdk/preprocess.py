@@ -86,11 +86,21 @@ class Preprocess:
     # -- construction -------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Preprocess":
-        known = {"size", "color", "layout", "scale", "mean", "std", "resample", "dtype"}
+        """Build from a mapping; unknown keys are refused (a typo would silently change every input).
+
+        Free-form notes for the app, which edgesdk does not apply, go in an ``extra`` table.
+        """
+        if not isinstance(data, dict):
+            raise InputError(f"preprocess must be a table of keys, got {type(data).__name__}")
+        known = ("size", "color", "layout", "scale", "mean", "std", "resample", "dtype", "extra")
+        unknown = [k for k in data if k not in known]
+        if unknown:
+            raise InputError(f"preprocess has unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
         if "size" not in data:
             raise InputError("preprocess needs 'size = [height, width]'")
-        extra = {k: v for k, v in data.items() if k not in known}
-        return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
+        if not isinstance(data.get("extra", {}), dict):
+            raise InputError("preprocess 'extra' must be a table")
+        return cls(**data)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "Preprocess":
@@ -109,8 +119,8 @@ class Preprocess:
         data["size"] = list(self.size)
         data["mean"] = list(self.mean)
         data["std"] = list(self.std)
-        extra = data.pop("extra")
-        data.update(extra)
+        if not data["extra"]:
+            del data["extra"]
         return data
 
     # -- application --------------------------------------------------------

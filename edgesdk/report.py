@@ -7,7 +7,7 @@ from typing import Any
 
 def failing_artifacts(manifest: dict[str, Any]) -> list[str]:
     validation = manifest.get("validation") or {}
-    return [aid for aid, m in validation.items() if isinstance(m, dict) and not m.get("passed", True)]
+    return [aid for aid, m in validation.items() if isinstance(m, dict) and m.get("passed") is not True]
 
 
 def _pct(v: Any) -> str:
@@ -38,14 +38,14 @@ def validation_table(manifest: dict[str, Any]) -> str:
         ))
         if m.get("slower_than_float"):
             notes.append(f"warning: {art['id']} is slower than its float reference "
-                         f"({m['latency_ms']:.3f} ms vs {m['reference_latency_ms']:.3f} ms)")
+                         f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
         if not m.get("passed"):
-            notes.append(f"FAILED: {art['id']} dropped {drop:.2f} points ({m.get('gate')}); "
+            notes.append(f"FAILED: {art['id']} dropped {_num(drop, '.2f')} points ({m.get('gate')}); "
                          f"allowed {m.get('max_drop_points')}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    data = validation.get("data")
+    data = manifest.get("validation_data")
     if data:
         lines.insert(0, f"validation on {data}; drop = reference minus INT8, in points; ms = p50 at batch 1")
     return "\n".join(lines + notes)
@@ -58,7 +58,7 @@ def summary(manifest: dict[str, Any]) -> str:
         lines.append(f"source: {src.get('name')} ({src.get('kind')})")
     for key in ("inputs", "outputs"):
         for t in manifest.get(key, []):
-            lines.append(f"{key[:-1]}: {t['name']} {t['dtype']} {t['shape']}")
+            lines.append(f"{key[:-1]}: {t.get('name')} {t.get('dtype')} {t.get('shape')}")
     if manifest.get("preprocess"):
         lines.append(f"preprocess: {manifest['preprocess']}")
     if manifest.get("postprocess"):
@@ -68,7 +68,8 @@ def summary(manifest: dict[str, Any]) -> str:
         lines.append(f"labels ({len(labels)}): {', '.join(labels[:10])}{' ...' if len(labels) > 10 else ''}")
     cal = manifest.get("calibration")
     if cal:
-        lines.append(f"calibration: {cal['samples']} samples from {cal.get('source')}, fingerprint {cal['fingerprint'][:16]}...")
+        lines.append(f"calibration: {cal.get('samples')} samples from {cal.get('source')}, "
+                     f"fingerprint {str(cal.get('fingerprint'))[:16]}...")
     lines.append("artifacts:")
     for art in manifest["artifacts"]:
         size = sum(f["bytes"] for f in art["files"])

@@ -213,7 +213,7 @@ def test_unknown_format_version(bundle_copy):
 
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda m: m.pop("artifacts"), r"missing key\(s\) artifacts"),
-    (lambda m: m.update(artifacts={}), r"'artifacts' must be a list"),
+    (lambda m: m.update(artifacts={}), r"'artifacts' must be a non-empty list"),
     (lambda m: m["artifacts"][0].pop("files"), r"artifact #0 needs id, engine, precision and files"),
     (lambda m: m["artifacts"][1].update(engine="tensorrt"), r"'litert-int8' has unknown engine 'tensorrt'"),
     (lambda m: m["artifacts"][1].update(precision="int4"), r"'litert-int8' has unknown precision 'int4'"),

@@ -90,7 +90,7 @@ def test_quantize_writes_a_bundle(cli_bundle):
     assert {a["id"] for a in m["artifacts"]} == {"openvino-fp32", "openvino-int8", "onnxruntime-fp32",
                                                   "onnxruntime-int8"}
     assert m["calibration"]["samples"] == 50
-    assert all(v["passed"] for k, v in m["validation"].items() if k != "data")
+    assert all(v["passed"] for v in m["validation"].values())
 
 
 def test_quantize_json_targets_and_name(tmp_path, digits_npz):

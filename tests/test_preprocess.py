@@ -22,6 +22,8 @@ scale = 0.00392156862745098
 mean = [0.485, 0.456, 0.406]
 std = [0.229, 0.224, 0.225]
 resample = "bicubic"
+
+[preprocess.extra]
 crop = "center"
 """
 
@@ -78,7 +80,7 @@ def test_toml_round_trips_through_the_manifest(tmp_path, rgb_image):
     pre = Preprocess.from_toml(path)
     assert pre.size == (6, 5) and pre.layout == "nhwc" and pre.resample == "bicubic"
     stored = json.loads(json.dumps(pre.to_dict()))
-    assert stored["crop"] == "center"  # keys edgesdk does not know are kept for the device
+    assert stored["extra"] == {"crop": "center"}  # free-form notes for the app are kept, under 'extra'
     again = Preprocess.from_dict(stored)
     assert again == pre
     np.testing.assert_array_equal(again(rgb_image), pre(rgb_image))
@@ -199,3 +201,16 @@ def test_device_preprocessing_reproduces_golden_on_every_int8_artifact(digits_bu
                 (out,) = engine.run([pre(f)])
                 err = float(np.max(np.abs(out - golden["output_0"][i : i + 1])))
                 assert err <= tolerance[aid], (aid, f.name, err, tolerance[aid])
+
+
+def test_unknown_key_is_refused_not_ignored(tmp_path):
+    """A typo ('means') would otherwise silently leave mean at 0 for calibration, validation and the device."""
+    path = tmp_path / "pre.toml"
+    path.write_text('size = [8, 8]\nmeans = [0.5]\n')
+    with pytest.raises(InputError, match=r"preprocess has unknown key\(s\) means \(known: size, "):
+        Preprocess.from_toml(path)
+
+
+def test_non_table_preprocess_is_refused():
+    with pytest.raises(InputError, match=r"preprocess must be a table of keys, got int"):
+        Preprocess.from_dict(3)

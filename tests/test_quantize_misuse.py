@@ -197,7 +197,7 @@ def test_samples_below_one(tmp_path, digits_npz, samples):
 
 
 def test_zero_validation_samples(tmp_path, digits_npz):
-    with pytest.raises(CalibrationError, match=r"val_samples|validation"):
+    with pytest.raises(CalibrationError, match=r"val_samples must be at least 1"):
         quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", targets=["onnx"], samples=20, val_samples=0)
 
 
@@ -261,15 +261,76 @@ def test_output_dir_exists_without_overwrite(tmp_path, digits_npz):
     assert (out / "keep.txt").read_text() == "mine"
 
 
-def test_overwrite_replaces_the_output(tmp_path, digits_npz):
+def test_overwrite_replaces_an_old_bundle(tmp_path, digits_npz):
     out = tmp_path / "b"
     out.mkdir()
+    (out / "manifest.json").write_text("{}")
     (out / "stale.txt").write_text("old")
     quantize(DIGITS_ONNX, digits_npz, out, targets=["onnx"], samples=20, val_samples=20, overwrite=True,
              max_drop=100.0)
     assert not (out / "stale.txt").exists()
     assert Bundle.open(out).name == "digits"
     assert _no_work_dirs_left(out)
+    assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not left with mkdtemp's private mode
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_bundle(tmp_path, digits_npz):
+    """--force must never wipe the user's own files."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.txt").write_text("precious")
+    with pytest.raises(ConversionError, match=r"is not a bundle \(no manifest.json\); refusing to replace it"):
+        quantize(DIGITS_ONNX, digits_npz, out, overwrite=True)
+    assert (out / "thesis.txt").read_text() == "precious"
+
+
+def test_output_holding_the_inputs_is_refused(tmp_path):
+    data = tmp_path / "calib.npy"
+    np.save(data, _random_x(30, (1, 8, 8)))
+    with pytest.raises(ConversionError, match=r"holds the input .*calib.npy"):
+        quantize(DIGITS_ONNX, data, tmp_path, overwrite=True)
+
+
+def test_empty_current_folder_is_filled(tmp_path, digits_npz, monkeypatch):
+    out = tmp_path / "here"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    quantize(DIGITS_ONNX, digits_npz, ".", targets=["onnx"], samples=20, val_samples=20, max_drop=100.0)
+    assert Bundle.open(out).name == "digits"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_calibration_values(tmp_path, bad):
+    x = _random_x(30, (1, 8, 8))
+    x[7, 0, 3, 3] = bad
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(CalibrationError, match=r"x.npy\[7\] holds NaN or Inf values"):
+        quantize(DIGITS_ONNX, tmp_path / "x.npy", tmp_path / "b", samples=30, val=_random_x(5, (1, 8, 8)))
+
+
+def test_npz_named_npy_and_npy_named_npz(tmp_path):
+    x = _random_x(30, (1, 8, 8))
+    np.savez(tmp_path / "fake.npy", x=x)
+    (tmp_path / "fake.npy.npz").rename(tmp_path / "fake.npy")
+    with pytest.raises(CalibrationError, match=r"holds several arrays \(an .npz\?\)"):
+        quantize(DIGITS_ONNX, tmp_path / "fake.npy", tmp_path / "b")
+    np.save(tmp_path / "fake2.npy", x)
+    (tmp_path / "fake2.npy").rename(tmp_path / "fake2.npz")
+    with pytest.raises(CalibrationError, match=r"holds a single array \(a .npy\?\)"):
+        quantize(DIGITS_ONNX, tmp_path / "fake2.npz", tmp_path / "b")
+
+
+def test_object_array_in_npz(tmp_path):
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}] * 3, dtype=object))
+    with pytest.raises(CalibrationError, match=r"obj.npz"):
+        quantize(DIGITS_ONNX, tmp_path / "obj.npz", tmp_path / "b")
+
+
+def test_already_quantized_onnx_source(tmp_path, onnx_bundle):
+    int8 = onnx_bundle.bundle / next(a["files"][0]["path"] for a in onnx_bundle.manifest["artifacts"]
+                                     if a["id"] == "onnxruntime-int8")
+    with pytest.raises(ConversionError, match=r"is already quantized \(it has (Quantize|Dequantize)Linear nodes\)"):
+        quantize(int8, tmp_path / "x.npy", tmp_path / "b")
 
 
 def test_output_path_is_a_file(tmp_path, digits_npz):

@@ -72,7 +72,10 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
         if path.is_dir():
             ds = _read_folder(path, preprocess, label_names, what)
         elif path.suffix == ".npy":
-            ds = _from_array(_np_load(path, what), None, str(path), what)
+            arr = _np_load(path, what)
+            if not isinstance(arr, np.ndarray):
+                raise CalibrationError(f"{what} file {path} holds several arrays (an .npz?); a .npy holds one array")
+            ds = _from_array(arr, None, str(path), what)
         elif path.suffix == ".npz":
             ds = _read_npz(path, what)
         else:
@@ -101,11 +104,17 @@ def _np_load(path: Path, what: str):
 
 
 def _read_npz(path: Path, what: str) -> Dataset:
-    with _np_load(path, what) as npz:
+    npz = _np_load(path, what)
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays x (and y)")
+    with npz:
         if "x" not in npz.files:
             raise CalibrationError(f"{what} file {path} has no array 'x' (arrays: {', '.join(npz.files) or 'none'})")
-        x = npz["x"]
-        y = npz["y"] if "y" in npz.files else None
+        try:
+            x = npz["x"]
+            y = npz["y"] if "y" in npz.files else None
+        except (OSError, ValueError) as exc:
+            raise CalibrationError(f"{what} file {path}: {exc}") from exc
     if y is not None:
         if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
             raise CalibrationError(
@@ -130,8 +139,8 @@ def _from_iterable(items: Iterable, inputs: list[TensorSpec], what: str) -> Data
     for i, item in enumerate(items):
         if isinstance(item, Mapping):
             missing = [n for n in order if n not in item]
-            if missing and len(item) == len(order):
-                feeds = list(item.values())  # names differ (e.g. exporter renamed them): keep positions
+            if missing and len(item) == len(order) == 1:
+                feeds = list(item.values())  # one input whose name differs (e.g. an exporter renamed it)
             elif missing:
                 raise CalibrationError(
                     f"{what} sample {i} lacks input(s) {', '.join(missing)} (model inputs: {', '.join(order)}; "
@@ -228,6 +237,9 @@ def _names_from_index(index: dict[str, int]) -> list[str]:
 
 
 def _check_fits(sample: list[np.ndarray], inputs: list[TensorSpec], where: str, name: str) -> None:
+    for arr in sample:
+        if not np.isfinite(arr).all():
+            raise CalibrationError(f"{where}: {name} holds NaN or Inf values")
     if len(sample) != len(inputs):
         raise CalibrationError(
             f"{where} gives {len(sample)} input(s) per sample ({name}); the model takes {len(inputs)} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import importlib.metadata as md
 import platform
 import shutil
@@ -15,7 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import edgesdk
-from edgesdk.bundle import FORMAT_VERSION, Bundle, file_entry, write_manifest
+from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle, file_entry, write_manifest
 from edgesdk.engines import ENGINE_NAMES, engine_version
 from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
 from edgesdk.preprocess import Preprocess
@@ -68,15 +69,13 @@ def quantize(
     ``tflite_io`` is ``"float"`` (float I/O tensors around an int8 graph) or ``"int8"``
     (integer-only, for Coral / microcontrollers). ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
     Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
-    recorded) when an INT8 artifact loses more than ``max_drop`` points.
+    recorded) when an INT8 artifact loses more than ``max_drop`` points against its float
+    reference, or a float artifact's top-1 disagrees with the golden float reference (another
+    engine's conversion of the same source) on more than ``max_drop`` points of the samples.
     """
     say = log or (lambda msg: print(msg, file=sys.stderr) if progress else None)
     bar = _progress_bar(progress)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"output {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
+    out = _check_output(Path(out), overwrite, [source, calib, val])
     if samples < 1:
         raise CalibrationError(f"samples must be at least 1, got {samples}")
     if val_samples is not None and val_samples < 1:
@@ -139,9 +138,7 @@ def quantize(
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, name or _default_name(src), version)
         write_manifest(work, manifest)
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
+        _publish(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -195,7 +192,8 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
             "seed": seed,
             "stratified": calib_ds.labels is not None,
         },
-        "validation": {"data": val_origin, **metrics},
+        "validation_data": val_origin,
+        "validation": metrics,
         "golden": {
             "files": [file_entry(work, golden_path)],
             "count": len(golden["inputs"]),
@@ -204,6 +202,40 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
             "tolerance": golden["tolerance"],
         },
     }
+
+
+def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:
+    """Refuse an output that would destroy anything but an old bundle (``--force`` replaces only bundles)."""
+    out = out.resolve()
+    for item in inputs:
+        if isinstance(item, (str, Path)) and Path(item).resolve().is_relative_to(out):
+            raise ConversionError(f"output {out} holds the input {item}; write the bundle elsewhere")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"output {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
+        if not (out / MANIFEST).is_file():
+            raise ConversionError(f"output {out} is not a bundle (no {MANIFEST}); refusing to replace it")
+    return out
+
+
+def _publish(work: Path, out: Path) -> None:
+    """Move the finished bundle into place; an old bundle is removed only once the new one is there."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [work, *work.rglob("*")]:  # mkdtemp made the folder 0700: give it the usual permissions
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+    if out.is_dir() and not any(out.iterdir()):
+        for child in work.iterdir():  # an empty folder (maybe the current one) is filled, not replaced
+            child.rename(out / child.name)
+        work.rmdir()
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    work.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _postprocess(outputs: list[dict], probabilities: bool) -> dict:

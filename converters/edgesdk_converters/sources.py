@@ -141,6 +141,11 @@ class OnnxSource(Source):
             onnx.checker.check_model(model)
         except Exception as exc:
             raise ConversionError(f"{path} is not a valid ONNX model: {exc}") from exc
+        quantized = [n.op_type for n in model.graph.node
+                     if n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                                      "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear")]
+        if quantized:
+            raise ConversionError(f"{path} is already quantized (it has {quantized[0]} nodes); give the float model")
         inits = {i.name for i in model.graph.initializer}
         self.inputs = [_onnx_spec(v) for v in model.graph.input if v.name not in inits]
         self.outputs = [_onnx_spec(v) for v in model.graph.output]

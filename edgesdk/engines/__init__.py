@@ -11,7 +11,7 @@ import importlib.metadata as md
 from pathlib import Path
 
 from ..errors import BackendUnavailable
-from .base import Engine, TensorSpec
+from .base import KINDS, Device, Discovery, Engine, TensorSpec
 
 # engine name -> (backend module, distributions that provide it, in order of preference)
 _BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -22,10 +22,28 @@ _BACKENDS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 ENGINE_NAMES = tuple(_BACKENDS)
+_EXTRA: dict[str, type[Engine]] = {}  # backends registered at run time (plug-ins, test fakes)
+
+
+def register_backend(name: str, backend: type[Engine]) -> None:
+    """Add a backend class under ``name`` (``backend.formats`` says which artifacts it runs)."""
+    if name in _BACKENDS:
+        raise ValueError(f"{name!r} is a built-in engine")
+    _EXTRA[name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    _EXTRA.pop(name, None)
+
+
+def backend_names() -> tuple[str, ...]:
+    return ENGINE_NAMES + tuple(_EXTRA)
 
 
 def engine_version(name: str) -> str | None:
     """Installed version of an engine, read from package metadata (no import)."""
+    if name in _EXTRA:
+        return getattr(_EXTRA[name], "version", None)
     for dist in _BACKENDS[name][1]:
         try:
             return md.version(dist)
@@ -35,6 +53,8 @@ def engine_version(name: str) -> str | None:
 
 
 def engine_class(name: str) -> type[Engine]:
+    if name in _EXTRA:
+        return _EXTRA[name]
     if name not in _BACKENDS:
         raise BackendUnavailable("engine_unknown", f"unknown engine {name!r} (known: {', '.join(_BACKENDS)})")
     module_name, dists = _BACKENDS[name]
@@ -52,4 +72,13 @@ def open_engine(name: str, model_path: str | Path, **options) -> Engine:
     return engine_class(name)(model_path, **options)
 
 
-__all__ = ["Engine", "TensorSpec", "ENGINE_NAMES", "engine_version", "engine_class", "open_engine"]
+def discover(name: str) -> Discovery:
+    """What engine ``name`` reports here; an engine that is not installed reports no device and says so."""
+    try:
+        return engine_class(name).discover()
+    except BackendUnavailable as exc:
+        return Discovery(name, None, [], [exc.detail])
+
+
+__all__ = ["Engine", "TensorSpec", "Device", "Discovery", "KINDS", "ENGINE_NAMES", "engine_version", "engine_class",
+           "open_engine", "register_backend", "unregister_backend", "backend_names", "discover"]

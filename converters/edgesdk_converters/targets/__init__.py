@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# target name -> (module, engine name as it appears in the manifest)
+# target name (module under targets/) -> engine name as it appears in the manifest
 TARGET_ENGINES = {"tflite": "litert", "openvino": "openvino", "onnx": "onnxruntime"}
 
 

@@ -35,6 +35,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
     except Exception as exc:  # pre-processing only helps; quantize the raw graph when it fails
         logging.getLogger(__name__).info("quant_pre_process skipped for %s: %s", source.name, exc)
+        prepared.unlink(missing_ok=True)
         prepared = fp32
     int8 = out_dir / "model_int8.onnx"
     try:

@@ -50,8 +50,6 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     if len(names) != len(source.inputs):
         raise ConversionError(f"tflite signature {key!r} has inputs {names}; the source has {len(source.inputs)}")
     calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
-    if io not in IO_TYPES:
-        raise ConversionError(f"tflite io must be one of {', '.join(IO_TYPES)}, got {io!r}")
     int8 = out_dir / "model_int8.tflite"
     chosen = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
     try:
