@@ -7,9 +7,11 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 from .bundle import Artifact, Bundle
 from .errors import (BackendUnavailable, BundleError, CalibrationError, ConversionError, EdgeSDKError, InputError,
                      ValidationFailed)
+from .model import Model, Result, RuntimeOptions, Top, load
+from .placement import Placement
 from .preprocess import Preprocess
 
 __version__ = "0.1.0"
 
-__all__ = ["Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable",
+__all__ = ["load", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable",
            "ConversionError", "CalibrationError", "ValidationFailed", "__version__"]

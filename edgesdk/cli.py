@@ -10,10 +10,10 @@ from typing import List, Optional
 
 import typer
 
-from .errors import ConversionError, EdgeSDKError, ValidationFailed
+from .errors import BackendUnavailable, ConversionError, EdgeSDKError, ValidationFailed
 
 app = typer.Typer(
-    help="edgesdk: quantize models into validated INT8 bundles and inspect them.",
+    help="edgesdk: quantize models into validated INT8 bundles, inspect them, and run them on the best device here.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -113,6 +113,72 @@ def demo(
     print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
 
 
+@app.command()
+def devices(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """List installed engines, the devices each reports (NPU/GPU/CPU) and why an expected one is missing."""
+    from .engines import backend_names, discover
+    from .profiles import detect_profile
+
+    found = [discover(name) for name in backend_names()]
+    ort = {d.name for f in found if f.engine == "onnxruntime" for d in f.devices}
+    ov = {d.kind for f in found if f.engine == "openvino" for d in f.devices}
+    profile, why = detect_profile(ort_providers=ort, openvino_devices=ov)
+    if as_json:
+        print(json.dumps({"engines": [f.to_dict() for f in found],
+                          "profile": {"name": profile.name, "matched": why}}, indent=2))
+        return
+    for f in found:
+        print(f"{f.engine} {f.version or '(not installed)'}")
+        for d in f.devices:
+            extra = f"  precisions: {', '.join(d.precisions)}" if d.precisions else ""
+            probe = "  (unverified: tried at load)" if not d.verified else ""
+            print(f"  {d.kind:<3}  {d.name:<22} {d.full_name}{extra}{probe}")
+        for note in f.notes:
+            print(f"  missing {note}")
+    print(f"platform profile: {profile.name} ({'; '.join(why) or 'default'})")
+
+
+@app.command()
+def run(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    inputs: List[Path] = typer.Argument(..., help="Images (or .npy arrays of the model's input shape)."),
+    policy: str = typer.Option("auto", "--policy", help="auto, prefer-npu, prefer-gpu, cpu-only, max-efficiency, "
+                               "autotune."),
+    require: Optional[str] = typer.Option(None, "--require", help="Fail unless served by this device kind "
+                                          "(NPU, GPU, CPU) or engine."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Try this engine first."),
+    device: Optional[str] = typer.Option(None, "--device", help="Try this device first (e.g. GPU, CPU, GPU.1)."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="Try this artifact id first."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Platform profile name or file (default: detect)."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the golden numerics self-check at load."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Load a bundle on the best backend here and predict each input; shows where it really ran."""
+    import numpy as np
+
+    from .model import load
+
+    model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
+                 profile=profile, check_numerics=not no_check)
+    with model:
+        results = [model.predict(np.load(p, allow_pickle=False) if p.suffix == ".npy" else p) for p in inputs]
+    if as_json:
+        print(json.dumps({"placement": model.placement.to_dict(),
+                          "results": [{"input": str(p), "source": r.source, "top": [vars(t) for t in r.top],
+                                       "timings_ms": r.timings_ms} for p, r in zip(inputs, results)]}, indent=2))
+        return
+    pl = model.placement
+    print(f"placement: {pl}")
+    print(f"  numerics: {pl.numerics}")
+    for s in pl.skipped:
+        print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
+    for p, r in zip(inputs, results):
+        top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
+        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms]")
+
+
 def _converters():
     """The workstation quantizer, imported only by the commands that need it."""
     import importlib.util
@@ -135,6 +201,10 @@ def main() -> None:
     except ValidationFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1)
+    except BackendUnavailable as exc:
+        print(f"error: BackendUnavailable: {exc}", file=sys.stderr)
+        print(f"reason: {exc.reason}", file=sys.stderr)
+        raise SystemExit(3)
     except EdgeSDKError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(2)

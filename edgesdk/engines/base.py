@@ -34,10 +34,12 @@ class Device:
     name: str  # OpenVINO "GPU.0", ORT "CUDAExecutionProvider", LiteRT "CPU"/"GPU"/"NPU"
     full_name: str = ""
     precisions: tuple[str, ...] = ()
+    # False when the engine cannot list the device and only a model load can tell (LiteRT GPU/NPU).
+    verified: bool = True
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "kind": self.kind, "name": self.name, "full_name": self.full_name,
-                "precisions": list(self.precisions)}
+                "precisions": list(self.precisions), "verified": self.verified}
 
 
 @dataclass

@@ -73,11 +73,13 @@ class LiteRTEngine(Engine):
         notes = []
         # LiteRT cannot list GPUs or NPUs without compiling a model: these are probed at load.
         if libs["GPU"]:
-            devices.append(Device("litert", "GPU", "GPU", f"probed at load ({', '.join(libs['GPU'])})", ("fp32", "fp16")))
+            devices.append(Device("litert", "GPU", "GPU", f"probed at load ({', '.join(libs['GPU'])})",
+                                  ("fp32", "fp16"), verified=False))
         else:
             notes.append(f"GPU: {_PACKAGE} has no GPU accelerator library here")
         if libs["NPU"] and _npu_node():
-            devices.append(Device("litert", "NPU", "NPU", f"probed at load (vendors: {', '.join(libs['NPU'])})", ("int8",)))
+            devices.append(Device("litert", "NPU", "NPU", f"probed at load (vendors: {', '.join(libs['NPU'])})",
+                                  ("int8",), verified=False))
         else:
             notes.append("NPU: no NPU device node (/dev/accel, /dev/fastrpc-cdsp, ...) for LiteRT's vendor dispatch "
                          f"libraries ({', '.join(libs['NPU']) or 'none installed'})")
@@ -124,7 +126,9 @@ class LiteRTEngine(Engine):
         except RuntimeError as exc:
             text = str(exc)
             reason = "unsupported_ops" if "not accelerated" in text else "device_missing"
-            detail = " ".join(line.strip(" └") for line in text.splitlines() if line.strip())[:300]
+            words = [ln.split("]", 1)[-1].strip(" └") for ln in text.splitlines()]
+            detail = " ".join(w for w in words if w)[:300] or \
+                f"the {self.device} accelerator did not initialize (no usable {self.device} here; LiteRT logs why)"
             raise BackendUnavailable(reason, f"LiteRT {self.device} cannot run {self.model_path.name}: {detail}") from exc
         self._fully = bool(self._compiled.is_fully_accelerated())
         sig = next(iter(self._compiled.get_signature_list()))

@@ -1,0 +1,83 @@
+"""Autotune: time the viable candidates on the golden inputs and remember the winner.
+
+The decision is cached per (bundle fingerprint, machine, engine versions) in the user cache dir
+(``$EDGESDK_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgesdk``, else ``~/.cache/edgesdk``), so the next
+load skips the timing; any change of the three gives a new key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .bundle import Bundle
+from .engines import Engine, backend_names, engine_version
+
+WARMUP = 5
+RUNS = 30
+
+
+def cache_dir() -> Path:
+    if os.environ.get("EDGESDK_CACHE_DIR"):
+        return Path(os.environ["EDGESDK_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "edgesdk"
+
+
+def machine_id() -> str:
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{platform.system()}-{platform.machine()}-{cpu or platform.processor()}-{os.cpu_count()}cpu"
+
+
+def cache_key(bundle: Bundle) -> str:
+    fingerprint = sorted(f["sha256"] for f in bundle.file_entries())
+    versions = {name: engine_version(name) for name in backend_names()}
+    blob = json.dumps({"bundle": fingerprint, "machine": machine_id(), "engines": versions}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def lookup(key: str) -> dict[str, Any] | None:
+    path = cache_dir() / "autotune.json"
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None  # no cache, or an unreadable one: measure again
+
+
+def store(key: str, decision: dict[str, Any]) -> None:
+    path = cache_dir() / "autotune.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[key] = decision
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home must not break loading; the next load measures again
+
+
+def median_ms(engine: Engine, feeds: Sequence[np.ndarray], warmup: int = WARMUP, runs: int = RUNS) -> float:
+    for _ in range(warmup):
+        engine.run(feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        engine.run(feeds)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)

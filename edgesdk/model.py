@@ -1,0 +1,319 @@
+"""``edgesdk.load`` and the loaded :class:`Model`: predict on the backend that proved it can."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import autotune, numerics, selection
+from .bundle import Bundle
+from .engines import Engine, backend_names, discover, open_engine
+from .errors import BackendUnavailable, InputError
+from .placement import Candidate, Placement, Skip
+
+MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
+MAX_ARRAY_ELEMENTS = 100_000_000
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How :func:`load` picks and runs a backend (see :mod:`edgesdk.selection` for the policies).
+
+    ``require`` (a device kind or an engine) is strict: when it cannot be met, load raises
+    :class:`BackendUnavailable` with the reason. ``profile`` names a platform profile (or a path
+    to one); None detects it. ``threads`` overrides the profile's CPU thread count.
+    """
+
+    policy: str = "auto"
+    require: str | None = None
+    engine: str | None = None
+    device: str | None = None
+    artifact: str | None = None
+    check_numerics: bool = True
+    profile: str | Path | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Top:
+    index: int
+    label: str | None
+    score: float
+
+
+@dataclass
+class Result:
+    """One prediction: raw outputs, top-k (classification), where it ran and how long each stage took."""
+
+    outputs: list[np.ndarray]
+    top: list[Top]
+    placement: Placement
+    timings_ms: dict[str, float]
+    source: str = "device"
+    budget: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "top": [vars(t) for t in self.top], "timings_ms": self.timings_ms,
+                "outputs": [o.tolist() for o in self.outputs], "budget": self.budget}
+
+
+def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: Any) -> "Model":
+    """Open and verify a bundle, pick a backend per the options, check its numerics, return a Model.
+
+    Keyword shortcuts override ``options`` fields: ``load(p, policy="cpu-only", require="NPU")``.
+    """
+    try:
+        opts = replace(options or RuntimeOptions(), **overrides)
+    except TypeError as exc:
+        raise InputError(f"load() got an unknown option: {exc}") from exc
+    selection.check_policy(opts.policy, opts.require)
+    bundle = Bundle.open(path)
+    if opts.artifact is not None:
+        bundle.artifact(opts.artifact)  # an unknown id is a BundleError naming the known ones
+    discoveries = {name: discover(name) for name in backend_names()}
+    profile, _why = _profile(opts.profile, discoveries)
+    threads = opts.threads or getattr(profile, "threads", None)
+    probe = opts.policy in selection.PROBING_POLICIES or opts.require in ("GPU", "NPU")
+    cands, skipped = selection.enumerate_candidates(bundle, discoveries, opts.device, probe, opts.engine)
+    ordered = selection.order(cands, opts.policy, profile, engine=opts.engine, device=opts.device,
+                              artifact=opts.artifact)
+    eligible = [c for c in ordered if selection.meets(c, opts.require)]
+    if opts.require is not None and not eligible:
+        raise _unmet(opts.require, discoveries, skipped)
+
+    decision = None
+    if opts.policy == "autotune":
+        key = autotune.cache_key(bundle)
+        decision = autotune.lookup(key)
+        if decision:  # try the cached winner first; it is still checked
+            eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
+            decision = {**decision, "cached": True}
+        else:
+            decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics)
+            autotune.store(key, decision)
+            eligible.sort(key=lambda c: c.label() != decision["candidate"])
+
+    failed_devices: dict[tuple[str, str], Skip] = {}
+    for cand in eligible:
+        if (cand.engine, cand.device) in failed_devices:
+            first = failed_devices[(cand.engine, cand.device)]
+            skipped.append(Skip(cand, first.reason, f"{first.detail} (as for {first.candidate.artifact})"))
+            continue
+        try:
+            engine, check = _open(bundle, cand, threads, opts.check_numerics)
+        except BackendUnavailable as exc:
+            skip = Skip(cand, exc.reason, exc.detail)
+            skipped.append(skip)
+            if exc.reason == "device_missing":
+                failed_devices[(cand.engine, cand.device)] = skip
+            continue
+        placement = Placement(
+            engine=cand.engine, device=cand.device, kind=cand.kind, artifact=cand.artifact,
+            precision=cand.precision, executing=engine.executing, effective_precision=engine.effective_precision,
+            fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
+            profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
+        return Model(bundle, engine, placement)
+    tried = [s for s in skipped if selection.meets(s.candidate, opts.require)]
+    first = tried[0] if tried else None
+    detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
+    raise BackendUnavailable(first.reason if first else "no_candidate",
+                             f"no backend can serve {bundle.name!r}"
+                             f"{' under require=' + repr(opts.require) if opts.require else ''}: {detail}")
+
+
+def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool) -> tuple[Engine, dict]:
+    art = bundle.artifact(cand.artifact)
+    options = {**art.runtime, "device": cand.device}
+    if threads and "num_threads" not in art.runtime:
+        options["num_threads"] = threads
+    engine = open_engine(cand.engine, art.model_path, **options)
+    if not check_numerics:
+        return engine, {"checked": False, "why": "turned off (check_numerics=False)"}
+    try:
+        return engine, numerics.check(engine, bundle, cand.artifact)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], threads, check_numerics) -> dict:
+    """Open every viable candidate, time it on the first golden input, keep the decision."""
+    feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
+    timings: dict[str, float] = {}
+    for cand in eligible:
+        try:
+            engine, _ = _open(bundle, cand, threads, check_numerics)
+        except BackendUnavailable:
+            continue  # recorded as skipped by the main walk
+        try:
+            timings[cand.label()] = autotune.median_ms(engine, feeds)
+        finally:
+            engine.close()
+    if not timings:
+        return {"candidate": None, "timings_ms": {}, "cached": False}
+    best = min(timings, key=timings.get)
+    return {"candidate": best, "timings_ms": timings, "cached": False,
+            "method": f"median of {autotune.RUNS} runs after {autotune.WARMUP} warm-up, golden input 0"}
+
+
+def _profile(choice, discoveries):
+    try:
+        from . import profiles
+    except ImportError:  # pragma: no cover - profiles ship with the package
+        return None, []
+    if choice is not None:
+        return profiles.load_profile(choice), [f"chosen: {choice}"]
+    ort = {d.name for d in discoveries["onnxruntime"].devices} if "onnxruntime" in discoveries else set()
+    ov = {d.kind for d in discoveries["openvino"].devices} if "openvino" in discoveries else set()
+    return profiles.detect_profile(ort_providers=ort, openvino_devices=ov)
+
+
+def _unmet(require: str, discoveries, skipped: list[Skip]) -> BackendUnavailable:
+    if require in discoveries:
+        missing = [s for s in skipped if s.candidate.engine == require]
+        if missing:
+            return BackendUnavailable(missing[0].reason, missing[0].detail)
+        return BackendUnavailable("unsupported_artifact", f"the bundle has no artifact engine {require!r} can run")
+    notes = [n for d in discoveries.values() for n in d.notes if n.startswith(require)]
+    return BackendUnavailable("device_missing", f"no engine reports a {require} device here"
+                                                f"{': ' + '; '.join(notes) if notes else ''}")
+
+
+class Model:
+    """A bundle loaded on one backend. Thread-safe: a lock serializes inference on the one engine
+    instance, so concurrent calls return exactly what sequential calls return."""
+
+    def __init__(self, bundle: Bundle, engine: Engine, placement: Placement):
+        self.bundle = bundle
+        self.placement = placement
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._pre = bundle.preprocess
+        self._inputs = bundle.manifest["inputs"]
+        self._shapes = [tuple(t["shape"]) for t in self._inputs]
+        self._post = bundle.manifest.get("postprocess") or {}
+        self._labels = bundle.labels
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._labels
+
+    # -- inference ------------------------------------------------------------
+    def predict(self, x: Any) -> Result:
+        """Predict one input: an image (path, PIL image, uint8 HxW[xC] array), preprocessed per the
+        manifest; or a float array of the model's input shape (with or without the batch axis);
+        or, for several inputs, a list or a {name: array} dict."""
+        t0 = time.perf_counter()
+        feeds = self._feeds(x)
+        t1 = time.perf_counter()
+        with self._lock:
+            if self._engine is None:
+                raise InputError(f"model {self.bundle.name!r} was closed")
+            outputs = self._engine.run(feeds)
+        t2 = time.perf_counter()
+        top = self._top(outputs)
+        t3 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3, "postprocess": (t3 - t2) * 1e3}
+        return Result(outputs, top, self.placement, timings)
+
+    def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
+        """Predict each input in turn (artifacts are compiled for batch 1)."""
+        return [self.predict(x) for x in xs]
+
+    def _feeds(self, x: Any) -> list[np.ndarray]:
+        if len(self._inputs) > 1:
+            if isinstance(x, dict):
+                missing = [t["name"] for t in self._inputs if t["name"] not in x]
+                if missing:
+                    raise InputError(f"model {self.bundle.name!r} has inputs {[t['name'] for t in self._inputs]}; "
+                                     f"missing {missing}")
+                x = [x[t["name"]] for t in self._inputs]
+            if not isinstance(x, (list, tuple)) or len(x) != len(self._inputs):
+                raise InputError(f"model {self.bundle.name!r} takes {len(self._inputs)} inputs "
+                                 f"({', '.join(t['name'] for t in self._inputs)}): pass a list or a dict")
+            return [self._array(v, i) for i, v in enumerate(x)]
+        return [self._one(x)]
+
+    def _one(self, x: Any) -> np.ndarray:
+        if isinstance(x, np.ndarray) and x.dtype.kind in "fiu" and x.dtype != np.uint8 or \
+                isinstance(x, np.ndarray) and tuple(x.shape) in (self._shapes[0], self._shapes[0][1:]):
+            return self._array(x, 0)
+        if isinstance(x, (str, Path, np.ndarray)) or type(x).__module__.startswith("PIL"):
+            if self._pre is None:
+                raise InputError(f"bundle {self.bundle.name!r} has no preprocess spec: pass a float array of "
+                                 f"shape {list(self._shapes[0])}")
+            _check_image_size(x)
+            return self._pre(x)
+        return self._array(x, 0)
+
+    def _array(self, x: Any, i: int) -> np.ndarray:
+        arr = np.asarray(x)
+        spec = self._inputs[i]
+        if arr.dtype.kind not in "fiub":
+            raise InputError(f"input {spec['name']!r} must be numeric, got dtype {arr.dtype}")
+        if arr.size > MAX_ARRAY_ELEMENTS:
+            raise InputError(f"input {spec['name']!r} has {arr.size} elements; the model takes "
+                             f"{int(np.prod(self._shapes[i]))}")
+        shape = self._shapes[i]
+        if tuple(arr.shape) == shape[1:]:
+            arr = arr[None]
+        if tuple(arr.shape) != shape:
+            raise InputError(f"input {spec['name']!r} must have shape {list(shape)} (or {list(shape[1:])}); "
+                             f"got {list(arr.shape)}")
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise InputError(f"input {spec['name']!r} holds NaN or Inf values")
+        return arr
+
+    def _top(self, outputs: list[np.ndarray]) -> list[Top]:
+        if self._post.get("type") != "classification":
+            return []
+        scores = np.asarray(outputs[0], dtype=np.float64).reshape(-1)
+        if self._post.get("softmax"):
+            e = np.exp(scores - scores.max())
+            scores = e / e.sum()
+        k = min(int(self._post.get("top_k", 5)), scores.size)
+        idx = np.argsort(-scores, kind="stable")[:k]
+        labels = self._labels or []
+        return [Top(int(i), labels[i] if i < len(labels) else None, float(scores[i])) for i in idx]
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
+
+
+def _check_image_size(x: Any) -> None:
+    """Refuse absurd images from their header, before decoding a single pixel."""
+    if isinstance(x, (str, Path)):
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(x) as img:
+                w, h = img.size
+        except FileNotFoundError as exc:
+            raise InputError(f"image not found: {x}") from exc
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise InputError(f"{x} is not a readable image: {exc}") from exc
+    elif isinstance(x, np.ndarray):
+        h, w = x.shape[:2] if x.ndim >= 2 else (x.size, 1)
+    else:
+        w, h = x.size
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InputError(f"image is {w}x{h} pixels; more than {MAX_IMAGE_PIXELS} is refused")

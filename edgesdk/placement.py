@@ -1,0 +1,69 @@
+"""Where a loaded model really runs, and what was tried before it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to serve a bundle: a backend, one of its devices, and an artifact it can run."""
+
+    engine: str
+    device: str
+    kind: str  # NPU, GPU or CPU
+    artifact: str
+    precision: str
+
+    def label(self) -> str:
+        return f"{self.engine}:{self.device}:{self.artifact}"
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A candidate that was not used, with a machine-readable reason and the engine's own words."""
+
+    candidate: Candidate
+    reason: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.candidate), "reason": self.reason, "detail": self.detail}
+
+
+@dataclass
+class Placement:
+    """The placement proof of a loaded model.
+
+    ``device`` is what was asked of the engine; ``executing`` is what the engine reports
+    running on (OpenVINO EXECUTION_DEVICES, the ORT session's providers, LiteRT's device),
+    ``fully_accelerated`` is LiteRT's own verdict for GPU/NPU. ``numerics`` is the golden
+    self-check result.
+    """
+
+    engine: str
+    device: str
+    kind: str
+    artifact: str
+    precision: str
+    executing: list[str]
+    effective_precision: str | None
+    fully_accelerated: bool | None
+    numerics: dict[str, Any]
+    policy: str
+    profile: str | None
+    skipped: list[Skip] = field(default_factory=list)
+    autotune: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["skipped"] = [s.to_dict() for s in self.skipped]
+        return data
+
+    def __str__(self) -> str:
+        where = ", ".join(self.executing)
+        text = f"{self.artifact} on {self.engine}:{self.device} (executing on {where}"
+        if self.effective_precision:
+            text += f", computing in {self.effective_precision}"
+        return text + ")"

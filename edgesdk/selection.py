@@ -1,0 +1,108 @@
+"""Which backend serves a bundle: candidates, their order per policy, and ``require``.
+
+A candidate is (backend, device, artifact). Policies order them:
+
+=================  ==================================================================
+``auto``           the platform profile's device order (default NPU > GPU > CPU), INT8 before FP32
+``prefer-npu``     NPU > GPU > CPU
+``prefer-gpu``     GPU > NPU > CPU
+``cpu-only``       CPU candidates only
+``max-efficiency`` NPU > CPU > GPU, INT8 first (a phone GPU draws the most power per inference)
+``autotune``       every viable candidate is timed on the golden inputs; the fastest wins (cached)
+=================  ==================================================================
+
+Within a device kind, engines follow the profile's order. Explicit ``engine``/``device``/
+``artifact`` choices go first; without ``require`` the others remain as fallbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .bundle import Bundle
+from .engines import KINDS, Device, Discovery, backend_names, engine_class
+from .errors import BackendUnavailable, InputError
+from .placement import Candidate, Skip
+
+POLICIES = ("auto", "prefer-npu", "prefer-gpu", "cpu-only", "max-efficiency", "autotune")
+_KIND_ORDER = {
+    "prefer-npu": ("NPU", "GPU", "CPU"),
+    "prefer-gpu": ("GPU", "NPU", "CPU"),
+    "cpu-only": ("CPU",),
+    "max-efficiency": ("NPU", "CPU", "GPU"),
+}
+
+
+def check_policy(policy: str, require: str | None) -> None:
+    if policy not in POLICIES:
+        raise InputError(f"unknown policy {policy!r} (policies: {', '.join(POLICIES)})")
+    if require is not None and require not in KINDS and require not in backend_names():
+        raise InputError(f"require must be a device kind ({', '.join(KINDS)}) or an engine "
+                         f"({', '.join(backend_names())}), got {require!r}")
+
+
+PROBING_POLICIES = ("prefer-npu", "prefer-gpu")
+
+
+def enumerate_candidates(bundle: Bundle, discoveries: dict[str, Discovery], device: str | None = None,
+                         probe: bool = False, engine: str | None = None) -> tuple[list[Candidate], list[Skip]]:
+    """Every (backend, device, artifact) the machine might serve, and artifacts no installed engine runs.
+
+    Unverified devices (only a model load can tell) are included with ``probe`` or when asked for.
+    """
+    cands: list[Candidate] = []
+    skips: list[Skip] = []
+    for art in bundle.artifacts:
+        runnable = False
+        for name in backend_names():
+            try:
+                cls = engine_class(name)
+            except BackendUnavailable as exc:
+                if name == art.engine:
+                    skips.append(Skip(Candidate(name, "-", "-", art.id, art.precision), exc.reason, exc.detail))
+                continue
+            if not cls.accepts(art.engine):
+                continue
+            runnable = True
+            devices = [d for d in discoveries[name].devices
+                       if d.verified or probe or (device in (d.name, d.kind) and engine in (None, name))]
+            if device is not None and engine in (None, name) and \
+                    not any(device in (d.name, d.kind) for d in discoveries[name].devices):
+                # Asked for explicitly but not reported: try it anyway, so the engine says why it fails.
+                devices.append(Device(name, device.split(".")[0] if device.split(".")[0] in KINDS else "CPU", device))
+            cands += [Candidate(name, d.name, d.kind, art.id, art.precision) for d in devices]
+        if not runnable and not any(s.candidate.artifact == art.id for s in skips):
+            skips.append(Skip(Candidate(art.engine, "-", "-", art.id, art.precision), "engine_missing",
+                              f"no installed engine runs {art.engine} artifacts"))
+    return cands, skips
+
+
+def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str | None = None,
+          device: str | None = None, artifact: str | None = None) -> list[Candidate]:
+    """Rank candidates for ``policy``; explicit choices first."""
+    kinds = _KIND_ORDER.get(policy) or tuple(getattr(profile, "devices", None) or KINDS)
+    precisions = tuple(getattr(profile, "precisions", None) or ("int8", "fp32"))
+    engines = tuple(getattr(profile, "engines", None) or ())
+
+    def rank(c: Candidate) -> tuple:
+        explicit = (engine in (None, c.engine)) and (device in (None, c.device, c.kind)) and \
+                   (artifact in (None, c.artifact))
+        return (
+            0 if explicit else 1,
+            kinds.index(c.kind) if c.kind in kinds else len(kinds),
+            precisions.index(c.precision) if c.precision in precisions else len(precisions),
+            engines.index(c.engine) if c.engine in engines else len(engines),
+        )
+
+    ranked = sorted(cands, key=rank)
+    if policy == "cpu-only":
+        ranked = [c for c in ranked if c.kind == "CPU"]
+    if engine is not None or device is not None or artifact is not None:
+        if not any(rank(c)[0] == 0 for c in ranked):
+            raise BackendUnavailable("no_candidate", f"nothing in the bundle matches engine={engine!r}, "
+                                                     f"device={device!r}, artifact={artifact!r}")
+    return ranked
+
+
+def meets(c: Candidate, require: str | None) -> bool:
+    return require is None or c.kind == require or c.engine == require
