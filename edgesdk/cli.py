@@ -166,7 +166,7 @@ def run(
         results = [model.predict(np.load(p, allow_pickle=False) if p.suffix == ".npy" else p) for p in inputs]
     if as_json:
         print(json.dumps({"placement": model.placement.to_dict(),
-                          "results": [{"input": str(p), "source": r.source, "top": [vars(t) for t in r.top],
+                          "results": [{"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],
                                        "timings_ms": r.timings_ms} for p, r in zip(inputs, results)]}, indent=2))
         return
     pl = model.placement

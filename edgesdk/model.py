@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -39,8 +40,9 @@ class RuntimeOptions:
     threads: int | None = None
 
 
-@dataclass(frozen=True)
-class Top:
+class Top(NamedTuple):
+    """One of the top-k classes (a NamedTuple: built on every prediction, so kept cheap)."""
+
     index: int
     label: str | None
     score: float
@@ -58,7 +60,7 @@ class Result:
     budget: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "top": [vars(t) for t in self.top], "timings_ms": self.timings_ms,
+        return {"source": self.source, "top": [t._asdict() for t in self.top], "timings_ms": self.timings_ms,
                 "outputs": [o.tolist() for o in self.outputs], "budget": self.budget}
 
 
@@ -197,6 +199,8 @@ class Model:
         self._inputs = bundle.manifest["inputs"]
         self._shapes = [tuple(t["shape"]) for t in self._inputs]
         self._post = bundle.manifest.get("postprocess") or {}
+        self._softmax = bool(self._post.get("softmax"))
+        self._top_k = int(self._post.get("top_k", 5))
         self._labels = bundle.labels
 
     @property
@@ -214,7 +218,7 @@ class Model:
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
-            outputs = self._engine.run(feeds)
+            outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
         t2 = time.perf_counter()
         top = self._top(outputs)
         t3 = time.perf_counter()
@@ -266,21 +270,27 @@ class Model:
             raise InputError(f"input {spec['name']!r} must have shape {list(shape)} (or {list(shape[1:])}); "
                              f"got {list(arr.shape)}")
         arr = np.ascontiguousarray(arr, dtype=np.float32)
-        if not np.isfinite(arr).all():
+        # One pass: NaN and Inf propagate into the sum. A finite array whose sum overflows is rare
+        # and gets the exact (two-pass) check before being refused.
+        if not math.isfinite(float(arr.sum())) and not np.isfinite(arr).all():
             raise InputError(f"input {spec['name']!r} holds NaN or Inf values")
         return arr
 
     def _top(self, outputs: list[np.ndarray]) -> list[Top]:
         if self._post.get("type") != "classification":
             return []
-        scores = np.asarray(outputs[0], dtype=np.float64).reshape(-1)
-        if self._post.get("softmax"):
-            e = np.exp(scores - scores.max())
+        scores = outputs[0].reshape(-1)
+        if self._softmax:
+            e = np.exp(scores - scores.max(), dtype=np.float64)
             scores = e / e.sum()
-        k = min(int(self._post.get("top_k", 5)), scores.size)
-        idx = np.argsort(-scores, kind="stable")[:k]
-        labels = self._labels or []
-        return [Top(int(i), labels[i] if i < len(labels) else None, float(scores[i])) for i in idx]
+        k = min(self._top_k, scores.size)
+        idx = np.argsort(-scores, kind="stable") if scores.size <= 64 else np.argpartition(-scores, k - 1)
+        idx = idx[:k]
+        if scores.size > 64:
+            idx = idx[np.argsort(-scores[idx], kind="stable")]
+        labels = self._labels or ()
+        return [Top(i, labels[i] if i < len(labels) else None, v)
+                for i, v in zip(idx.tolist(), scores[idx].tolist())]
 
     # -- lifetime -------------------------------------------------------------
     def close(self) -> None:

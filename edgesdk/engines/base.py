@@ -87,9 +87,16 @@ class Engine(ABC):
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
 
-    @abstractmethod
     def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Run one inference; ``feeds`` in input order."""
+        """Run one inference; ``feeds`` in input order (checked and converted to float32 first)."""
+        return self.run_prepared(self.check_feeds(feeds))
+
+    @abstractmethod
+    def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
+        """Run one inference on feeds already checked: C-contiguous float32 of the input shapes.
+
+        The hot path for callers that validated the input themselves (``Model.predict``).
+        """
 
     def close(self) -> None:
         """Release engine resources. Safe to call twice."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -143,8 +142,7 @@ class LiteRTEngine(Engine):
         self._out_bufs = self._compiled.create_output_buffers(0)
         self._out_sizes = [int(np.prod(s.shape)) for s in self.outputs]
 
-    def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        feeds = self.check_feeds(feeds)
+    def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         if self._compiled is not None:
             for buf, arr in zip(self._in_bufs, feeds):
                 buf.write(arr)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -96,8 +95,7 @@ class OnnxRuntimeEngine(Engine):
         raise BackendUnavailable("device_missing", f"onnxruntime has no execution provider {device!r} here "
                                                    f"(available: {', '.join(available)})")
 
-    def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        feeds = self.check_feeds(feeds)
+    def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(None, dict(zip(self._in_names, feeds)))
 
     @property

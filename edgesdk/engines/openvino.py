@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import numpy as np
 import openvino as ov
@@ -89,8 +88,7 @@ class OpenVINOEngine(Engine):
         self.inputs = [_spec(p) for p in self._compiled.inputs]
         self.outputs = [_spec(p) for p in self._compiled.outputs]
 
-    def run(self, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
-        feeds = self.check_feeds(feeds)
+    def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         self._request.infer(feeds, share_inputs=True)
         return [self._request.get_output_tensor(i).data.copy() for i in range(len(self.outputs))]
 
