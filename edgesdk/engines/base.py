@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import BackendUnavailable, InputError
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class Engine(ABC):
     def __init__(self, model_path: str | Path, *, device: str = "CPU", precision_hint: str | None = None,
                  num_threads: int | None = None):
         self.model_path = Path(model_path)
+        if self.suffixes and self.model_path.suffix.lower() not in self.suffixes:
+            raise BackendUnavailable("unsupported_artifact", f"{self.name} runs {', '.join(self.suffixes)} files, "
+                                                             f"not {self.model_path.name}")
         self.device = device
         self.precision_hint = precision_hint
         self.num_threads = num_threads
