@@ -1,6 +1,6 @@
 """Autotune: time the viable candidates on the golden inputs and remember the winner.
 
-The decision is cached per (bundle fingerprint, machine, engine versions) in the user cache dir
+The decision is cached per (bundle fingerprint, machine, engine versions, load options) in the user cache dir
 (``$EDGESDK_CACHE_DIR``, else ``$XDG_CACHE_HOME/edgesdk``, else ``~/.cache/edgesdk``), so the next
 load skips the timing; any change of the three gives a new key.
 """
@@ -41,10 +41,12 @@ def machine_id() -> str:
     return f"{platform.system()}-{platform.machine()}-{cpu or platform.processor()}-{os.cpu_count()}cpu"
 
 
-def cache_key(bundle: Bundle) -> str:
+def cache_key(bundle: Bundle, options: dict[str, str] | None = None) -> str:
+    """Bundle fingerprint, machine, engine versions, and the load options that limit the choice."""
     fingerprint = sorted(f["sha256"] for f in bundle.file_entries())
     versions = {name: engine_version(name) for name in backend_names()}
-    blob = json.dumps({"bundle": fingerprint, "machine": machine_id(), "engines": versions}, sort_keys=True)
+    blob = json.dumps({"bundle": fingerprint, "machine": machine_id(), "engines": versions,
+                       "options": options or {}}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

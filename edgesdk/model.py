@@ -90,7 +90,8 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 
     decision = None
     if opts.policy == "autotune":
-        key = autotune.cache_key(bundle)
+        # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
+        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items()})
         decision = autotune.lookup(key)
         if decision:  # try the cached winner first; it is still checked
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
@@ -98,6 +99,8 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
         else:
             decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics)
             autotune.store(key, decision)
+            failed = {s.candidate for s in skipped}
+            eligible = [c for c in eligible if c not in failed]  # recorded by the timing walk already
             eligible.sort(key=lambda c: c.label() != decision["candidate"])
 
     failed_devices: dict[tuple[str, str], Skip] = {}
@@ -150,8 +153,9 @@ def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], th
     for cand in eligible:
         try:
             engine, _ = _open(bundle, cand, threads, check_numerics)
-        except BackendUnavailable:
-            continue  # recorded as skipped by the main walk
+        except BackendUnavailable as exc:
+            skipped.append(Skip(cand, exc.reason, exc.detail))
+            continue
         try:
             timings[cand.label()] = autotune.median_ms(engine, feeds)
         finally:
@@ -319,6 +323,8 @@ def _check_image_size(x: Any) -> None:
                 w, h = img.size
         except FileNotFoundError as exc:
             raise InputError(f"image not found: {x}") from exc
+        except Image.DecompressionBombError as exc:
+            raise InputError(f"{x}: image is too large to decode safely ({exc})") from exc
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise InputError(f"{x} is not a readable image: {exc}") from exc
     elif isinstance(x, np.ndarray):

@@ -165,7 +165,7 @@ def _to_pil(image: Any):
                 return img.copy()
         except FileNotFoundError as exc:
             raise InputError(f"image not found: {image}") from exc
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise InputError(f"{image} is not a readable image: {exc}") from exc
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] not in (1, 3, 4)):

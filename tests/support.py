@@ -30,6 +30,20 @@ def quantize(*args, **kwargs):
     return run(*args, **kwargs)
 
 
+def rehash(bundle_dir: Path) -> None:
+    """Make a bundle's manifest checksums match its files again (what a careless or hostile edit would do)."""
+    import json
+
+    from edgesdk.bundle import sha256_file
+
+    path = bundle_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for f in [f for a in manifest["artifacts"] for f in a["files"]] + manifest["golden"]["files"]:
+        f["sha256"] = sha256_file(bundle_dir / f["path"])
+        f["bytes"] = (bundle_dir / f["path"]).stat().st_size
+    path.write_text(json.dumps(manifest, indent=2))
+
+
 def digits_pixels_to_input(pixels: np.ndarray) -> np.ndarray:
     """The digits preprocessing written out with numpy: (pixel / 255 - 0.5) / 0.5 -> N x 1 x 8 x 8."""
     x = (pixels.astype(np.float32) / 255.0 - 0.5) / 0.5

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from edgesdk.engines import ENGINE_NAMES
+
 FORBIDDEN = ("torch", "nncf", "litert_torch", "edgesdk_converters", "converters", "tensorflow", "ai_edge_quantizer",
              "onnx")
 ENGINE_PACKAGES = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
@@ -63,6 +65,19 @@ print("REPORT " + json.dumps(report))
 """
 
 
+LOAD_SCRIPT = _PRELUDE + """
+import edgesdk
+model = edgesdk.load(sys.argv[1])
+model.predict(sys.argv[2])
+report["placement"] = model.placement.engine
+for engine in ("litert", "openvino", "onnxruntime"):
+    with edgesdk.load(sys.argv[1], engine=engine, policy="cpu-only") as m:
+        m.predict(sys.argv[2])
+report["after_load"] = loaded(FORBIDDEN)
+print("REPORT " + json.dumps(report))
+"""
+
+
 def _run(script: str, *args, cwd) -> dict:
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
@@ -92,3 +107,10 @@ def test_engine_registry_imports_only_the_engine_asked_for(digits_bundle, tmp_pa
     report = _run(LAZY_ENGINE_SCRIPT, model, cwd=tmp_path)
     assert report["after_import"] == []
     assert {m.split(".")[0] for m in report["after_onnxruntime"]} == {"onnxruntime"}
+
+
+def test_load_and_predict_load_no_workstation_module(digits_bundle, digits_images, tmp_path):
+    image = sorted((digits_images / "val" / "0").glob("*.png"))[0]
+    report = _run(LOAD_SCRIPT, digits_bundle.bundle, image, cwd=tmp_path)
+    assert report["placement"] in ENGINE_NAMES
+    assert report["after_load"] == []
