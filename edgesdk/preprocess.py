@@ -12,7 +12,6 @@ is added in front.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,8 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .tomlfile import read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - 3.10
-    import tomli as tomllib
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 _RESAMPLE = ("bilinear", "nearest", "bicubic")
@@ -104,13 +100,7 @@ class Preprocess:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "Preprocess":
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise InputError(f"preprocess file not found: {path}") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"preprocess file {path} is not valid TOML: {exc}") from exc
+        data = read_toml(path, "preprocess")
         # Accept both a flat file and one with a [preprocess] table.
         return cls.from_dict(data.get("preprocess", data))
 

@@ -24,11 +24,7 @@ from typing import Any, NoReturn
 from .bundle import ENGINES, PRECISIONS
 from .engines.base import KINDS
 from .errors import InputError
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from .tomlfile import read_toml
 
 _PACKAGE = Path(__file__).resolve().parent
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -105,13 +101,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 # -- reading and checking a file -----------------------------------------------------------------------
 
 def _read(path: Path) -> Profile:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"platform profile {path} cannot be read: {exc.strerror or exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"platform profile {path} is not valid TOML: {exc}") from exc
-    return _parse(path, data)
+    return _parse(path, read_toml(path, "platform profile"))
 
 
 class _Fields:
