@@ -89,8 +89,8 @@ class OpenVINOEngine(Engine):
         self.outputs = [_spec(p) for p in self._compiled.outputs]
 
     def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
-        self._request.infer(feeds, share_inputs=True)
-        return [self._request.get_output_tensor(i).data.copy() for i in range(len(self.outputs))]
+        # infer() already hands back copies of the outputs (share_outputs=False): no second copy.
+        return list(self._request.infer(feeds, share_inputs=True).to_tuple())
 
     @property
     def effective_precision(self) -> str:
