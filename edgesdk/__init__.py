@@ -5,7 +5,7 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 """
 
 from .bundle import Artifact, Bundle
-from .errors import (BackendUnavailable, BundleError, CalibrationError, ConversionError, EdgeSDKError, InputError,
+from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, ConversionError, EdgeSDKError, InputError,
                      ValidationFailed)
 from .model import Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
@@ -13,5 +13,5 @@ from .preprocess import Preprocess
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable",
+__all__ = ["load", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded",
            "ConversionError", "CalibrationError", "ValidationFailed", "__version__"]

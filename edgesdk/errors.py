@@ -6,6 +6,7 @@
      +-- BundleError            a bundle is missing, malformed, tampered with, or escapes its folder
      +-- InputError             bad request data (shape, dtype, missing input, unreadable image)
      +-- BackendUnavailable     no engine/device can serve the artifact (carries a machine-readable reason)
+     +-- BudgetExceeded         serving would break a memory or thermal budget (reason "memory" / "thermal")
      +-- ConversionError        the workstation could not build an artifact (bad source, unsupported route)
      |    +-- CalibrationError  the calibration/validation data is empty, corrupt or does not fit the model
      +-- ValidationFailed       an INT8 artifact lost more accuracy than allowed
@@ -40,6 +41,21 @@ class BackendUnavailable(EdgeSDKError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class BudgetExceeded(EdgeSDKError):
+    """Serving now would break a budget.
+
+    ``reason`` is ``"memory"`` or ``"thermal"``; ``needed`` / ``available`` are in MB for memory
+    (degrees C for thermal: the temperature and the limit) when known.
+    """
+
+    def __init__(self, reason: str, detail: str, needed: float | None = None, available: float | None = None):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.needed = needed
+        self.available = available
 
 
 class ConversionError(EdgeSDKError):
