@@ -9,9 +9,10 @@ from .errors import (BackendUnavailable, BudgetExceeded, BundleError, Calibratio
                      ValidationFailed)
 from .model import Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
+from .pool import ModelPool
 from .preprocess import Preprocess
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded",
+__all__ = ["load", "ModelPool", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess", "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded",
            "ConversionError", "CalibrationError", "ValidationFailed", "__version__"]

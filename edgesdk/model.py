@@ -11,10 +11,10 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from . import autotune, numerics, selection
+from . import autotune, memory, numerics, selection
 from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
-from .errors import BackendUnavailable, InputError
+from .errors import BackendUnavailable, BudgetExceeded, InputError
 from .placement import Candidate, Placement, Skip
 
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
@@ -28,6 +28,10 @@ class RuntimeOptions:
     ``require`` (a device kind or an engine) is strict: when it cannot be met, load raises
     :class:`BackendUnavailable` with the reason. ``profile`` names a platform profile (or a path
     to one); None detects it. ``threads`` overrides the profile's CPU thread count.
+    ``memory_mb`` caps the process memory (also bounded by the cgroup limit and the physical
+    memory): a candidate whose expected cost does not fit is skipped for a cheaper one, and when
+    none fits load raises :class:`BudgetExceeded`. ``thermal`` is a governor consulted before
+    every inference (pacing, fewer threads, refusal at critical).
     """
 
     policy: str = "auto"
@@ -38,6 +42,8 @@ class RuntimeOptions:
     check_numerics: bool = True
     profile: str | Path | None = None
     threads: int | None = None
+    memory_mb: float | None = None
+    thermal: Any = None  # a ThermalGovernor consulted before every inference (edgesdk.thermal)
 
 
 class Top(NamedTuple):
@@ -86,6 +92,11 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
         opts = replace(options or RuntimeOptions(), **overrides)
     except TypeError as exc:
         raise InputError(f"load() got an unknown option: {exc}") from exc
+    return _load(path, opts, memory.rss_mb)
+
+
+def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
+    """The load walk; ``in_use_mb()`` says how much of the memory limit is taken (a pool accounts its own)."""
     selection.check_policy(opts.policy, opts.require)
     bundle = Bundle.open(path)
     if opts.artifact is not None:
@@ -116,12 +127,25 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
             eligible = [c for c in eligible if c not in failed]  # recorded by the timing walk already
             eligible.sort(key=lambda c: c.label() != decision["candidate"])
 
+    limit = memory.process_limit(opts.memory_mb)
+    costs = memory.CostBook()
+    over_budget: list[BudgetExceeded] = []
     failed_devices: dict[tuple[str, str], Skip] = {}
     for cand in eligible:
         if (cand.engine, cand.device) in failed_devices:
             first = failed_devices[(cand.engine, cand.device)]
             skipped.append(Skip(cand, first.reason, f"{first.detail} (as for {first.candidate.artifact})"))
             continue
+        art = bundle.artifact(cand.artifact)
+        cost_key = memory.CostBook.key(art.entry["files"][0]["sha256"], cand.engine, cand.device)
+        expected, measured = costs.expected_mb(cost_key, sum(f["bytes"] for f in art.entry["files"]), cand.engine)
+        try:
+            memory.check_fits(cand.label(), expected, limit, in_use_mb())
+        except BudgetExceeded as exc:
+            over_budget.append(exc)
+            skipped.append(Skip(cand, "memory", exc.detail))
+            continue
+        before = memory.rss_mb()
         try:
             engine, check = _open(bundle, cand, threads, opts.check_numerics)
         except BackendUnavailable as exc:
@@ -130,12 +154,25 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
             if exc.reason == "device_missing":
                 failed_devices[(cand.engine, cand.device)] = skip
             continue
+        measured_now = max(memory.rss_mb() - before, sum(f["bytes"] for f in art.entry["files"]) / memory.MB)
+        costs.remember(cost_key, measured_now)
+        # What this model is charged: the largest cost seen for it (a load into a warm process grows less).
+        cost = costs.expected_mb(cost_key, 0, cand.engine)[0]
+        budget = {"memory": {"limit_mb": round(limit.limit_mb, 1), "source": limit.source,
+                             "model_mb": round(cost, 2), "expected_mb": round(expected, 2),
+                             "expected_was_measured": measured},
+                  "action": "artifact_switched" if over_budget else None}
         placement = Placement(
             engine=cand.engine, device=cand.device, kind=cand.kind, artifact=cand.artifact,
             precision=cand.precision, executing=engine.executing, effective_precision=engine.effective_precision,
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
-        return Model(bundle, engine, placement)
+        return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost)
+    if over_budget and all(s.reason == "memory" for s in skipped if selection.meets(s.candidate, opts.require)
+                           and s.candidate.device != "-"):
+        cheapest = min(over_budget, key=lambda e: e.needed)
+        raise BudgetExceeded("memory", f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
+                             needed=cheapest.needed, available=cheapest.available)
     tried = [s for s in skipped if selection.meets(s.candidate, opts.require)]
     first = tried[0] if tried else None
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
@@ -207,9 +244,13 @@ class Model:
     """A bundle loaded on one backend. Thread-safe: a lock serializes inference on the one engine
     instance, so concurrent calls return exactly what sequential calls return."""
 
-    def __init__(self, bundle: Bundle, engine: Engine, placement: Placement):
+    def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
+                 thermal: Any = None, cost_mb: float = 0.0):
         self.bundle = bundle
         self.placement = placement
+        self.budget = budget or {}
+        self.cost_mb = cost_mb
+        self._thermal = thermal
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -235,10 +276,15 @@ class Model:
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
+            # The governor may pace (sleep), cut threads, or refuse (BudgetExceeded "thermal").
+            decision = self._thermal.before_inference() if self._thermal is not None else None
+            t1 = time.perf_counter()
             outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
-        return Result(outputs, self.placement, timings, _topk=self._top)
+        budget = self.budget if decision is None else {**self.budget, "thermal": decision,
+                                                       "action": decision.get("action") or self.budget.get("action")}
+        return Result(outputs, self.placement, timings, budget=budget, _topk=self._top)
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict each input in turn (artifacts are compiled for batch 1)."""
