@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import BackendUnavailable, ConversionError, EdgeSDKError, ValidationFailed
+from .errors import BackendUnavailable, BudgetExceeded, ConversionError, EdgeSDKError, ValidationFailed
 
 app = typer.Typer(
     help="edgesdk: quantize models into validated INT8 bundles, inspect them, and run them on the best device here.",
@@ -153,6 +153,7 @@ def run(
     artifact: Optional[str] = typer.Option(None, "--artifact", help="Try this artifact id first."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Platform profile name or file (default: detect)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the golden numerics self-check at load."),
+    memory_mb: Optional[float] = typer.Option(None, "--memory-mb", help="Memory budget of the process in MB."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Load a bundle on the best backend here and predict each input; shows where it really ran."""
@@ -161,17 +162,21 @@ def run(
     from .model import load
 
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
-                 profile=profile, check_numerics=not no_check)
+                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb)
     with model:
         results = [model.predict(np.load(p, allow_pickle=False) if p.suffix == ".npy" else p) for p in inputs]
     if as_json:
-        print(json.dumps({"placement": model.placement.to_dict(),
+        print(json.dumps({"placement": model.placement.to_dict(), "budget": model.budget,
                           "results": [{"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],
-                                       "timings_ms": r.timings_ms} for p, r in zip(inputs, results)]}, indent=2))
+                                       "timings_ms": r.timings_ms, "budget": r.budget}
+                                      for p, r in zip(inputs, results)]}, indent=2, default=str))
         return
     pl = model.placement
     print(f"placement: {pl}")
     print(f"  numerics: {pl.numerics}")
+    mem = model.budget.get("memory", {})
+    print(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
+          f"{', artifact switched to fit' if model.budget.get('action') == 'artifact_switched' else ''}")
     for s in pl.skipped:
         print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
     for p, r in zip(inputs, results):
@@ -201,8 +206,8 @@ def main() -> None:
     except ValidationFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1)
-    except BackendUnavailable as exc:
-        print(f"error: BackendUnavailable: {exc}", file=sys.stderr)
+    except (BackendUnavailable, BudgetExceeded) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print(f"reason: {exc.reason}", file=sys.stderr)
         raise SystemExit(3)
     except EdgeSDKError as exc:
