@@ -74,8 +74,8 @@ class Profile:
 
 def profiles_dir() -> Path:
     """Where the shipped profiles are: ``edgesdk/_platforms`` in a wheel, else the checkout's ``platforms/``."""
-    shipped = _PACKAGE / "_platforms"
-    return shipped if shipped.is_dir() else _PACKAGE.parent / "platforms"
+    shipped = _PACKAGE / "_platforms"  # in a checkout, a symlink to ../platforms
+    return shipped.resolve() if shipped.is_dir() else _PACKAGE.parent / "platforms"
 
 
 def list_profiles() -> list[Profile]:
