@@ -215,8 +215,16 @@ def _check_manifest(manifest: Any, where: Path) -> None:
         if not isinstance(golden, dict) or "files" not in golden:
             raise BundleError(f"{where}: 'golden' must be a table with 'files'")
         _check_files(golden["files"], "golden", where)
-        if not isinstance(golden.get("tolerance", {}), dict):
-            raise BundleError(f"{where}: 'golden.tolerance' must map artifact ids to numbers")
+        tol = golden.get("tolerance", {})
+        if not isinstance(tol, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                                                for v in tol.values()):
+            raise BundleError(f"{where}: 'golden.tolerance' must map artifact ids to non-negative numbers")
+    post = manifest.get("postprocess") or {}
+    if not isinstance(post, dict):
+        raise BundleError(f"{where}: 'postprocess' must be a table")
+    top_k = post.get("top_k", 1)
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise BundleError(f"{where}: 'postprocess.top_k' must be a positive integer, got {top_k!r}")
 
 
 def _check_files(files: Any, owner: str, where: Path) -> None:

@@ -159,12 +159,22 @@ def run(
     """Load a bundle on the best backend here and predict each input; shows where it really ran."""
     import numpy as np
 
+    from .errors import InputError
     from .model import load
 
+    arrays = {}
+    for p in inputs:  # read every input before the (slow) load: a typo fails fast
+        if not p.is_file():
+            raise InputError(f"input not found: {p}")
+        if p.suffix == ".npy":
+            try:
+                arrays[p] = np.load(p, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{p} is not a readable .npy array: {exc}") from exc
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
                  profile=profile, check_numerics=not no_check, memory_mb=memory_mb)
     with model:
-        results = [model.predict(np.load(p, allow_pickle=False) if p.suffix == ".npy" else p) for p in inputs]
+        results = [model.predict(arrays.get(p, p)) for p in inputs]
     if as_json:
         print(json.dumps({"placement": model.placement.to_dict(), "budget": model.budget,
                           "results": [{"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],

@@ -98,6 +98,11 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     """The load walk; ``in_use_mb()`` says how much of the memory limit is taken (a pool accounts its own)."""
     selection.check_policy(opts.policy, opts.require)
+    if opts.threads is not None and (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
+                                     or not 1 <= opts.threads <= 256):
+        raise InputError(f"threads must be an integer from 1 to 256, got {opts.threads!r}")
+    if opts.engine is not None and opts.engine not in backend_names():
+        raise InputError(f"unknown engine {opts.engine!r} (engines: {', '.join(backend_names())})")
     bundle = Bundle.open(path)
     if opts.artifact is not None:
         bundle.artifact(opts.artifact)  # an unknown id is a BundleError naming the known ones
@@ -115,14 +120,15 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     decision = None
     if opts.policy == "autotune":
         # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
-        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items()})
+        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items() if k != "thermal"})
         decision = autotune.lookup(key)
         if decision:  # try the cached winner first; it is still checked
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
             decision = {**decision, "cached": True}
         else:
             decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics)
-            autotune.store(key, decision)
+            if decision["candidate"] is not None:  # a failure is not remembered: the next load measures again
+                autotune.store(key, decision)
             failed = {s.candidate for s in skipped}
             eligible = [c for c in eligible if c not in failed]  # recorded by the timing walk already
             eligible.sort(key=lambda c: c.label() != decision["candidate"])
@@ -167,7 +173,11 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             precision=cand.precision, executing=engine.executing, effective_precision=engine.effective_precision,
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
-        return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost)
+        try:
+            return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost)
+        except BaseException:
+            engine.close()
+            raise
     if over_budget and all(s.reason == "memory" for s in skipped if selection.meets(s.candidate, opts.require)
                            and s.candidate.device != "-"):
         cheapest = min(over_budget, key=lambda e: e.needed)
@@ -184,8 +194,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
 def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool) -> tuple[Engine, dict]:
     art = bundle.artifact(cand.artifact)
     options = {**art.runtime, "device": cand.device}
-    if threads and "num_threads" not in art.runtime:
-        options["num_threads"] = threads
+    if threads:
+        options["num_threads"] = threads  # the app's (or profile's) choice wins over the artifact's
     engine = open_engine(cand.engine, art.model_path, **options)
     if not check_numerics:
         return engine, {"checked": False, "why": "turned off (check_numerics=False)"}
@@ -279,7 +289,11 @@ class Model:
             # The governor may pace (sleep), cut threads, or refuse (BudgetExceeded "thermal").
             decision = self._thermal.before_inference() if self._thermal is not None else None
             t1 = time.perf_counter()
-            outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
+            try:
+                outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
+            except Exception as exc:  # engine errors enter the edgesdk tree here, chained
+                raise BackendUnavailable("run_failed", f"{self.placement.engine}:{self.placement.device} failed "
+                                                       f"on {self.placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
         budget = self.budget if decision is None else {**self.budget, "thermal": decision,
@@ -305,8 +319,9 @@ class Model:
         return [self._one(x)]
 
     def _one(self, x: Any) -> np.ndarray:
-        if isinstance(x, np.ndarray) and x.dtype.kind in "fiu" and x.dtype != np.uint8 or \
-                isinstance(x, np.ndarray) and tuple(x.shape) in (self._shapes[0], self._shapes[0][1:]):
+        # A uint8 array is an image whenever the bundle says how to preprocess images; other numeric
+        # arrays are model inputs already.
+        if isinstance(x, np.ndarray) and not (x.dtype == np.uint8 and self._pre is not None):
             return self._array(x, 0)
         if isinstance(x, (str, Path, np.ndarray)) or type(x).__module__.startswith("PIL"):
             if self._pre is None:
@@ -317,9 +332,12 @@ class Model:
         return self._array(x, 0)
 
     def _array(self, x: Any, i: int) -> np.ndarray:
-        arr = np.asarray(x)
         spec = self._inputs[i]
-        if arr.dtype.kind not in "fiub":
+        try:
+            arr = np.asarray(x)
+        except (ValueError, TypeError) as exc:  # ragged nested lists and the like
+            raise InputError(f"input {spec['name']!r} is not an array: {exc}") from exc
+        if arr.dtype.kind not in "fiu":
             raise InputError(f"input {spec['name']!r} must be numeric, got dtype {arr.dtype}")
         if arr.size > MAX_ARRAY_ELEMENTS:
             raise InputError(f"input {spec['name']!r} has {arr.size} elements; the model takes "
@@ -388,5 +406,7 @@ def _check_image_size(x: Any) -> None:
         h, w = x.shape[:2] if x.ndim >= 2 else (x.size, 1)
     else:
         w, h = x.size
+    if w * h == 0:
+        raise InputError(f"image is {w}x{h} pixels: empty")
     if w * h > MAX_IMAGE_PIXELS:
         raise InputError(f"image is {w}x{h} pixels; more than {MAX_IMAGE_PIXELS} is refused")

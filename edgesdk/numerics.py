@@ -8,7 +8,7 @@ import numpy as np
 
 from .bundle import Bundle
 from .engines import Engine
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, EdgeSDKError
 
 
 def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.ndarray]]:
@@ -27,11 +27,23 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
         return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
     n_out = len(bundle.manifest["outputs"])
     worst = 0.0
+    where = f"{artifact_id} on {engine.name}:{engine.device}"
     for i, feeds in enumerate(golden_feeds(golden, len(bundle.manifest["inputs"]))):
-        outs = engine.run(feeds)
+        try:
+            outs = engine.run(feeds)
+        except EdgeSDKError:
+            raise
+        except Exception as exc:  # a delegate that throws at its first run is a broken backend, not a crash
+            raise BackendUnavailable("run_failed", f"{where} failed on golden input {i}: {exc}") from exc
+        if len(outs) < n_out:
+            raise BackendUnavailable("numerics_mismatch", f"{where} returned {len(outs)} outputs; the bundle has {n_out}")
         for j in range(n_out):
             ref = golden[f"output_{j}"][i : i + 1]
-            got = np.asarray(outs[j], dtype=np.float32).reshape(ref.shape)
+            got = np.asarray(outs[j], dtype=np.float32)
+            if got.size != ref.size:
+                raise BackendUnavailable("numerics_mismatch", f"{where} output {j} has shape {list(got.shape)}; "
+                                                              f"the golden output has {list(ref.shape)}")
+            got = got.reshape(ref.shape)
             err = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
             worst = max(worst, err)
             if not err <= tolerance:

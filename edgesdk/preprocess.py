@@ -117,7 +117,12 @@ class Preprocess:
     def __call__(self, image: Any) -> np.ndarray:
         """Turn a path, a PIL image or an HxW / HxWxC uint8 array into a batched float32 input."""
         pil = _to_pil(image)
-        pil = pil.convert("RGB" if self.color == "rgb" else "L")
+        try:
+            pil = pil.convert("RGB" if self.color == "rgb" else "L")
+        except (OSError, ValueError) as exc:  # a truncated image handed over as an open PIL object
+            raise InputError(f"image cannot be decoded: {exc}") from exc
+        if pil.size[0] * pil.size[1] == 0:
+            raise InputError(f"image is {pil.size[0]}x{pil.size[1]} pixels: empty")
         h, w = self.size
         if pil.size != (w, h):
             from PIL import Image

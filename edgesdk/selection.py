@@ -39,6 +39,8 @@ def check_policy(policy: str, require: str | None) -> None:
     if require is not None and require not in KINDS and require not in backend_names():
         raise InputError(f"require must be a device kind ({', '.join(KINDS)}) or an engine "
                          f"({', '.join(backend_names())}), got {require!r}")
+    if policy == "cpu-only" and require in ("GPU", "NPU"):
+        raise InputError(f"policy 'cpu-only' contradicts require={require!r}")
 
 
 PROBING_POLICIES = ("prefer-npu", "prefer-gpu")
@@ -97,10 +99,6 @@ def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str 
     ranked = sorted(cands, key=rank)
     if policy == "cpu-only":
         ranked = [c for c in ranked if c.kind == "CPU"]
-    if engine is not None or device is not None or artifact is not None:
-        if not any(rank(c)[0] == 0 for c in ranked):
-            raise BackendUnavailable("no_candidate", f"nothing in the bundle matches engine={engine!r}, "
-                                                     f"device={device!r}, artifact={artifact!r}")
     return ranked
 
 

@@ -53,3 +53,13 @@ class FakeNPUEngine(Engine):
 
     def close(self) -> None:
         self._session = None
+
+
+class ThrowingNPUEngine(FakeNPUEngine):
+    """A fake NPU whose delegate throws at its first run (the 'broken delegate' case)."""
+
+    def run_prepared(self, feeds):
+        raise RuntimeError("DSP timeout")
+
+    def run(self, feeds):
+        raise RuntimeError("DSP timeout")

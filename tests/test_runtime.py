@@ -12,7 +12,7 @@ import edgesdk
 from edgesdk import BackendUnavailable, BundleError, InputError, RuntimeOptions
 from edgesdk.engines import ENGINE_NAMES, discover, register_backend, unregister_backend
 from edgesdk.selection import POLICIES
-from fakes import NAME as FAKE, FakeNPUEngine
+from fakes import NAME as FAKE, FakeNPUEngine, ThrowingNPUEngine
 from support import ov_default_precision, rehash
 
 ALL_IDS = ["litert-fp32", "litert-int8", "openvino-fp32", "openvino-int8", "onnxruntime-fp32", "onnxruntime-int8"]
@@ -285,9 +285,19 @@ def test_misuse_unknown_artifact(digits_bundle):
 
 
 def test_misuse_unknown_engine(digits_bundle):
-    with pytest.raises(BackendUnavailable, match="nothing in the bundle matches engine='tensorrt'") as err:
+    with pytest.raises(InputError, match=r"unknown engine 'tensorrt' \(engines: litert, openvino, onnxruntime"):
         edgesdk.load(digits_bundle.bundle, engine="tensorrt")
-    assert err.value.reason == "no_candidate"
+
+
+@pytest.mark.parametrize("threads", [0, -1, 10**6, 1.5, True])
+def test_misuse_bad_threads(digits_bundle, threads):
+    with pytest.raises(InputError, match=r"threads must be an integer from 1 to 256"):
+        edgesdk.load(digits_bundle.bundle, threads=threads)
+
+
+def test_misuse_cpu_only_with_require_npu(digits_bundle):
+    with pytest.raises(InputError, match=r"policy 'cpu-only' contradicts require='NPU'"):
+        edgesdk.load(digits_bundle.bundle, policy="cpu-only", require="NPU")
 
 
 def test_misuse_unknown_option(digits_bundle):
@@ -308,3 +318,26 @@ def test_tampered_bundle_refused_before_any_engine(bundle_copy):
     with pytest.raises(BundleError, match="'onnx/model_int8.onnx' was altered"):
         edgesdk.load(bundle_copy)
 
+
+
+def test_a_delegate_that_throws_is_skipped_not_fatal(digits_bundle):
+    """A backend that raises at its first run is skipped with run_failed; the CPU still serves."""
+    register_backend(FAKE, ThrowingNPUEngine)
+    try:
+        model = edgesdk.load(digits_bundle.bundle)
+        assert model.placement.kind == "CPU"
+        skips = [s for s in model.placement.skipped if s.candidate.engine == FAKE]
+        assert skips and {s.reason for s in skips} == {"run_failed"} and "DSP timeout" in skips[0].detail
+        with pytest.raises(BackendUnavailable, match=r"DSP timeout") as info:
+            edgesdk.load(digits_bundle.bundle, require="NPU")
+        assert info.value.reason == "run_failed"
+    finally:
+        unregister_backend(FAKE)
+
+
+def test_an_engine_failure_at_predict_is_typed(digits_bundle, fake_npu):
+    model = edgesdk.load(digits_bundle.bundle, require="NPU")
+    model._engine.run_prepared = lambda feeds: (_ for _ in ()).throw(RuntimeError("device lost"))
+    with pytest.raises(BackendUnavailable, match=r"device lost") as info:
+        model.predict(np.zeros((1, 1, 8, 8), np.float32))
+    assert info.value.reason == "run_failed"

@@ -40,7 +40,8 @@ def _input_qparams(detail: dict) -> tuple[np.float32, np.float32, int, int] | No
     return np.float32(q[0]), np.float32(q[1]), info.min, info.max
 
 
-_NPU_NODES = ("/dev/accel", "/dev/dri", "/dev/fastrpc-cdsp", "/dev/apusys")
+# NPU device nodes (/dev/dri is a GPU node, not listed): Intel/AMD accel, Qualcomm DSP, MediaTek APU.
+_NPU_NODES = ("/dev/accel", "/dev/fastrpc-cdsp", "/dev/apusys")
 
 
 def _npu_node() -> str | None:
@@ -112,8 +113,12 @@ class LiteRTEngine(Engine):
         self.outputs = [TensorSpec(d["name"], tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]).name) for d in self._out]
 
     def _open_compiled(self) -> None:
-        from ai_edge_litert.compiled_model import CompiledModel
-        from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        try:
+            from ai_edge_litert.compiled_model import CompiledModel
+            from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        except ImportError as exc:  # tflite-runtime has no CompiledModel
+            raise BackendUnavailable("device_missing", f"{_PACKAGE} here has no LiteRT accelerator API "
+                                                       f"(CompiledModel) for {self.device}") from exc
 
         accel = HardwareAccelerator.GPU if self.device == "GPU" else HardwareAccelerator.NPU
         if self.device == "NPU" and not _npu_node():

@@ -17,9 +17,11 @@ PROVIDER_KINDS = {
     "ACLExecutionProvider": "CPU", "DnnlExecutionProvider": "CPU",
     "CUDAExecutionProvider": "GPU", "TensorrtExecutionProvider": "GPU", "ROCMExecutionProvider": "GPU",
     "MIGraphXExecutionProvider": "GPU", "DmlExecutionProvider": "GPU", "WebGpuExecutionProvider": "GPU",
-    "QNNExecutionProvider": "NPU", "VitisAIExecutionProvider": "NPU", "NnapiExecutionProvider": "NPU",
-    "CoreMLExecutionProvider": "NPU", "OpenVINOExecutionProvider": "NPU", "RknpuExecutionProvider": "NPU",
+    "QNNExecutionProvider": "NPU", "VitisAIExecutionProvider": "NPU", "RknpuExecutionProvider": "NPU",
 }
+# Providers that drive several kinds of device (CPU included) depending on their options: their kind is
+# taken only from what ORT enumerates (get_ep_devices), never assumed, so CPU execution is not called NPU.
+MULTI_DEVICE = {"OpenVINOExecutionProvider", "CoreMLExecutionProvider", "NnapiExecutionProvider"}
 _NOT_DEVICES = {"AzureExecutionProvider"}  # a cloud endpoint, not a device
 
 
@@ -46,14 +48,18 @@ class OnnxRuntimeEngine(Engine):
         from . import engine_version
 
         hw = _ep_kinds()
-        devices = []
+        devices: list[Device] = []
+        notes: list[str] = []
         for provider in ort.get_available_providers():
             if provider in _NOT_DEVICES:
                 continue
-            kind = hw.get(provider) or PROVIDER_KINDS.get(provider, "CPU")
+            kind = hw.get(provider) or PROVIDER_KINDS.get(provider)
+            if kind is None:
+                notes.append(f"{provider}: its device kind is not reported; ask for it with device={provider!r}")
+                continue
             devices.append(Device("onnxruntime", kind, provider, provider.replace("ExecutionProvider", " EP"),
                                   ("fp32", "int8") if kind == "CPU" else ()))
-        notes = [f"{kind}: no {kind} execution provider in this onnxruntime build (e.g. onnxruntime-gpu, "
+        notes += [f"{kind}: no {kind} execution provider in this onnxruntime build (e.g. onnxruntime-gpu, "
                  "onnxruntime-qnn, onnxruntime-openvino, onnxruntime-directml)"
                  for kind in ("GPU", "NPU") if not any(d.kind == kind for d in devices)]
         return Discovery("onnxruntime", engine_version("onnxruntime"), devices, notes)
@@ -87,7 +93,7 @@ class OnnxRuntimeEngine(Engine):
             return device
         if device in ("CPU", "GPU", "NPU"):
             kinds = _ep_kinds()
-            match = [p for p in available if (kinds.get(p) or PROVIDER_KINDS.get(p, "CPU")) == device]
+            match = [p for p in available if (kinds.get(p) or PROVIDER_KINDS.get(p)) == device]
             if device == "CPU":
                 return "CPUExecutionProvider"
             if match:
