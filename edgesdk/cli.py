@@ -115,9 +115,11 @@ def demo(
 
 @app.command()
 def devices(
+    thermal_root: Path = typer.Option(Path("/sys"), "--thermal-root", help="Where the thermal zones are (like /sys)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """List installed engines, the devices each reports (NPU/GPU/CPU) and why an expected one is missing."""
+    """List installed engines, the devices each reports (NPU/GPU/CPU) and why an expected one is missing,
+    the platform profile, the thermal level and the memory headroom now."""
     from .engines import backend_names, discover
     from .profiles import detect_profile
 
@@ -125,9 +127,11 @@ def devices(
     ort = {d.name for f in found if f.engine == "onnxruntime" for d in f.devices}
     ov = {d.kind for f in found if f.engine == "openvino" for d in f.devices}
     profile, why = detect_profile(ort_providers=ort, openvino_devices=ov)
+    thermal, memory_now = _thermal_now(thermal_root, profile), _memory_now()
     if as_json:
         print(json.dumps({"engines": [f.to_dict() for f in found],
-                          "profile": {"name": profile.name, "matched": why}}, indent=2))
+                          "profile": {"name": profile.name, "matched": why},
+                          "thermal": thermal, "memory": memory_now}, indent=2, default=str))
         return
     for f in found:
         print(f"{f.engine} {f.version or '(not installed)'}")
@@ -138,6 +142,34 @@ def devices(
         for note in f.notes:
             print(f"  missing {note}")
     print(f"platform profile: {profile.name} ({'; '.join(why) or 'default'})")
+    if "error" in thermal:
+        print(f"thermal: {thermal['error']}")
+    else:
+        print(f"thermal: {thermal['level']} at {thermal['temperature_c']} C ({thermal['source']}; limits "
+              f"warm {profile.thermal.get('warm_c')}, hot {profile.thermal.get('hot_c')}, "
+              f"critical {profile.thermal.get('critical_c')} C)")
+    print(f"memory: {memory_now['available_mb']} MB available of {memory_now['limit_mb']} MB "
+          f"({memory_now['source']}); this process uses {memory_now['rss_mb']} MB")
+
+
+def _thermal_now(root: Path, profile) -> dict:
+    from .errors import InputError
+    from .thermal import LinuxThermalZones, ThermalGovernor
+
+    try:
+        governor = ThermalGovernor.from_profile(LinuxThermalZones(root), profile)
+    except InputError as exc:
+        return {"error": str(exc)}
+    governor.poll()
+    return governor.state()
+
+
+def _memory_now() -> dict:
+    from .memory import process_limit, rss_mb
+
+    limit, used = process_limit(), rss_mb()
+    return {"limit_mb": round(limit.limit_mb), "source": limit.source, "rss_mb": round(used),
+            "available_mb": round(limit.limit_mb - used)}
 
 
 @app.command()
@@ -154,9 +186,13 @@ def run(
     profile: Optional[str] = typer.Option(None, "--profile", help="Platform profile name or file (default: detect)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the golden numerics self-check at load."),
     memory_mb: Optional[float] = typer.Option(None, "--memory-mb", help="Memory budget of the process in MB."),
+    thermal_root: Optional[Path] = typer.Option(None, "--thermal-root", help="A directory laid out like /sys "
+                                                "(class/thermal/thermal_zone*/): govern inference by its zones."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Load a bundle on the best backend here and predict each input; shows where it really ran."""
+    """Load a bundle on the best backend here and predict each input; shows where it really ran and the budget state.
+
+    Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
     import numpy as np
 
     from .errors import InputError
@@ -171,15 +207,31 @@ def run(
                 arrays[p] = np.load(p, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise InputError(f"{p} is not a readable .npy array: {exc}") from exc
+    governor = _governor(thermal_root, profile) if thermal_root is not None else None
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
-                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb)
+                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb, thermal=governor)
+    results: list = []
     with model:
-        results = [model.predict(arrays.get(p, p)) for p in inputs]
+        for p in inputs:
+            try:
+                results.append(model.predict(arrays.get(p, p)))
+            except BudgetExceeded as exc:  # a budget refusal is an answer for this input, not a crash
+                results.append(exc)
+    refused = any(isinstance(r, BudgetExceeded) for r in results)
     if as_json:
-        print(json.dumps({"placement": model.placement.to_dict(), "budget": model.budget,
-                          "results": [{"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],
-                                       "timings_ms": r.timings_ms, "budget": r.budget}
-                                      for p, r in zip(inputs, results)]}, indent=2, default=str))
+        rows = []
+        for p, r in zip(inputs, results):
+            if isinstance(r, BudgetExceeded):
+                rows.append({"input": str(p), "source": None, "top": [],
+                             "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
+            else:
+                rows.append({"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],
+                             "timings_ms": r.timings_ms, "budget": r.budget})
+        state = {"memory": model.budget.get("memory"), "thermal": governor.state() if governor else None}
+        print(json.dumps({"placement": model.placement.to_dict(), "budget": state, "results": rows},
+                         indent=2, default=str))
+        if refused:
+            raise typer.Exit(3)
         return
     pl = model.placement
     print(f"placement: {pl}")
@@ -189,9 +241,27 @@ def run(
           f"{', artifact switched to fit' if model.budget.get('action') == 'artifact_switched' else ''}")
     for s in pl.skipped:
         print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
+    if governor is not None:
+        st = governor.state()
+        print(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
     for p, r in zip(inputs, results):
+        if isinstance(r, BudgetExceeded):
+            print(f"{p}: refused ({r.reason}): {r.detail}")
+            continue
         top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
-        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms]")
+        action = r.budget.get("action")
+        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms{', ' + action if action else ''}]")
+    if refused:
+        raise typer.Exit(3)
+
+
+def _governor(root: Path, profile: Optional[str]):
+    """A thermal governor over the zones under ``root``, with the platform profile's limits."""
+    from .profiles import detect_profile, load_profile
+    from .thermal import LinuxThermalZones, ThermalGovernor
+
+    chosen = load_profile(profile) if profile else detect_profile()[0]
+    return ThermalGovernor.from_profile(LinuxThermalZones(root), chosen)
 
 
 def _converters():

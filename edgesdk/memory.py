@@ -95,9 +95,7 @@ class CostBook:
         return FILE_FACTOR * file_bytes / MB + ENGINE_BASE_MB.get(engine, 32.0), False
 
     def remember(self, key: str, cost_mb: float) -> None:
-        # Keep the largest seen: a later load into a warm process (engine libraries already
-        # loaded, freed pages reused) grows the RSS less than a first one would.
-        self._data[key] = round(max(cost_mb, float(self._data.get(key, 0.0))), 2)
+        self._data[key] = round(max(cost_mb, 0.0), 2)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")

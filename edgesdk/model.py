@@ -19,6 +19,7 @@ from .placement import Candidate, Placement, Skip
 
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
 MAX_ARRAY_ELEMENTS = 100_000_000
+_ENGINES_LOADED: set[str] = set()  # engines that served a load in this process (their libraries are warm)
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,12 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
                 failed_devices[(cand.engine, cand.device)] = skip
             continue
         measured_now = max(memory.rss_mb() - before, sum(f["bytes"] for f in art.entry["files"]) / memory.MB)
-        costs.remember(cost_key, measured_now)
-        # What this model is charged: the largest cost seen for it (a load into a warm process grows less).
-        cost = costs.expected_mb(cost_key, 0, cand.engine)[0]
+        # Only a cold load (the engine's first in this process) shows the full cost, libraries included;
+        # a warm one grows the RSS less (pages reused), so it does not overwrite what was learned.
+        if cand.engine not in _ENGINES_LOADED or not measured:
+            costs.remember(cost_key, measured_now)
+        _ENGINES_LOADED.add(cand.engine)
+        cost = costs.expected_mb(cost_key, 0, cand.engine)[0]  # what this model is charged
         budget = {"memory": {"limit_mb": round(limit.limit_mb, 1), "source": limit.source,
                              "model_mb": round(cost, 2), "expected_mb": round(expected, 2),
                              "expected_was_measured": measured},
@@ -174,7 +178,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
         try:
-            return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost)
+            return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost,
+                         threads=threads)
         except BaseException:
             engine.close()
             raise
@@ -255,12 +260,14 @@ class Model:
     instance, so concurrent calls return exactly what sequential calls return."""
 
     def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
-                 thermal: Any = None, cost_mb: float = 0.0):
+                 thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None):
         self.bundle = bundle
         self.placement = placement
         self.budget = budget or {}
         self.cost_mb = cost_mb
         self._thermal = thermal
+        self._base_threads = threads
+        self._threads_now = threads
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -287,7 +294,7 @@ class Model:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
             # The governor may pace (sleep), cut threads, or refuse (BudgetExceeded "thermal").
-            decision = self._thermal.before_inference() if self._thermal is not None else None
+            decision = self._apply_thermal() if self._thermal is not None else None
             t1 = time.perf_counter()
             try:
                 outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
@@ -299,6 +306,33 @@ class Model:
         budget = self.budget if decision is None else {**self.budget, "thermal": decision,
                                                        "action": decision.get("action") or self.budget.get("action")}
         return Result(outputs, self.placement, timings, budget=budget, _topk=self._top)
+
+    def _apply_thermal(self) -> dict:
+        """Ask the governor, and carry out what it decided (called under the lock)."""
+        decision = self._thermal.before_inference()
+        if decision.get("action") == "escalate":
+            # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
+            raise BudgetExceeded("thermal", f"the device is {decision['level']} and the governor escalates, but no "
+                                            "cloud endpoint is configured; local inference is refused",
+                                 needed=decision.get("temperature_c"))
+        wanted = decision.get("threads") or self._base_threads
+        if wanted != self._threads_now:
+            try:  # engines fix their thread count at load: reopen (only when the level changes)
+                art = self.bundle.artifact(self.placement.artifact)
+                options = {**art.runtime, "device": self.placement.device}
+                if wanted:
+                    options["num_threads"] = wanted
+                fresh = open_engine(self.placement.engine, art.model_path, **options)
+            except BackendUnavailable:
+                fresh = None
+            if fresh is not None:
+                self._engine.close()
+                self._engine, self._threads_now = fresh, wanted
+        if self._threads_now == self._base_threads:  # not applied (or back to normal): do not claim it
+            decision = {**decision, "actions": [a for a in decision.get("actions", []) if a != "threads_reduced"]}
+            decision["action"] = decision["actions"][0] if decision["actions"] else None
+        decision["threads_now"] = self._threads_now
+        return decision
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict each input in turn (artifacts are compiled for batch 1)."""

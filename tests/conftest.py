@@ -19,6 +19,20 @@ from support import (DIGITS, DIGITS_ONNX, DIGITS_PT2, DIGITS_TOML, SMALL_PER_CLA
                      tiny_cnn)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory):
+    """Autotune decisions and memory costs learned by the tests stay out of the user's cache."""
+    import os
+
+    old = os.environ.get("EDGESDK_CACHE_DIR")
+    os.environ["EDGESDK_CACHE_DIR"] = str(tmp_path_factory.mktemp("edgesdk-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EDGESDK_CACHE_DIR", None)
+    else:
+        os.environ["EDGESDK_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def digits_images(tmp_path_factory) -> Path:
     """scikit-learn's digits exported by the sample's own script: train/<digit>/*.png and val/<digit>/*.png."""

@@ -1,0 +1,572 @@
+"""The thermal budget: sensors on fake sysfs trees and injected platform state, the governor's levels, read
+interval, pacing and critical modes, and the simulated device. Clocks are fake (time is what is under test)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgesdk.errors import BudgetExceeded, InputError
+from edgesdk.profiles import load_profile
+from edgesdk.simulated_device import SimulatedThermalDevice
+from edgesdk.thermal import (LEVELS, LinuxThermalZones, PushedThermalState, RaspberryPiThrottled, ThermalActions,
+                             ThermalGovernor, ThermalReading)
+
+FIXED = ThermalActions(warm={"threads": "half", "min_interval_ms": 20},
+                       hot={"threads": 1, "min_interval_ms": 100, "prefer": "lower_power"})
+
+
+class FakeClock:
+    """Seconds that move only when a test (or the governor's sleep) moves them."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def zone(root: Path, n: int, kind: str, temp: int | str | None) -> Path:
+    """``root/class/thermal/thermal_zone<n>`` with a type and a temp (millidegrees; text as given; None: no file)."""
+    path = root / "class" / "thermal" / f"thermal_zone{n}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "type").write_text(kind + "\n")
+    if temp is not None:
+        (path / "temp").write_text(f"{temp}\n")
+    return path
+
+
+def set_temp(root: Path, celsius: float, n: int = 0) -> None:
+    (root / "class" / "thermal" / f"thermal_zone{n}" / "temp").write_text(f"{round(celsius * 1000)}\n")
+
+
+def governor(root: Path, clock: FakeClock, **options) -> ThermalGovernor:
+    options = {"warm_c": 70.0, "hot_c": 80.0, "critical_c": 90.0, "actions": FIXED, "max_threads": 4, **options}
+    return ThermalGovernor(LinuxThermalZones(root), clock=clock, sleep=clock.sleep, **options)
+
+
+@pytest.fixture
+def one_zone(tmp_path) -> Path:
+    zone(tmp_path, 0, "cpu-thermal", 40000)
+    return tmp_path
+
+
+# -- Linux thermal zones ---------------------------------------------------------------------------------
+
+def test_zones_read_millidegrees_and_report_the_hottest(tmp_path):
+    zone(tmp_path, 0, "cpu-thermal", 45000)
+    zone(tmp_path, 1, "gpu-thermal", 61500)
+    zone(tmp_path, 2, "battery", 38250)
+    reading = LinuxThermalZones(tmp_path).read()
+    assert reading.temperature_c == 61.5
+    assert reading.level_hint is None
+    assert "3 zones" in reading.source and str(tmp_path) in reading.source
+    assert reading.detail["hottest"] == "thermal_zone1"
+    assert reading.detail["zones"]["thermal_zone2"] == {"type": "battery", "temperature_c": 38.25}
+
+
+def test_zone_type_filter_keeps_matching_zones(tmp_path):
+    zone(tmp_path, 0, "cpu-thermal", 45000)
+    zone(tmp_path, 1, "SoC-Thermal", 52000)
+    zone(tmp_path, 2, "battery", 70000)
+    sensor = LinuxThermalZones(tmp_path, zone_types=("cpu", "soc"))
+    assert sensor.read().temperature_c == 52.0
+    assert "2 zones" in sensor.source
+    with pytest.raises(InputError, match=r"no thermal zone .* has a type containing gpu .*thermal_zone2=battery"):
+        LinuxThermalZones(tmp_path, zone_types=["gpu"])
+
+
+def test_unreadable_zones_are_skipped(tmp_path):
+    zone(tmp_path, 0, "cpu-thermal", 47000)
+    zone(tmp_path, 1, "gpu-thermal", None)           # no temp file
+    zone(tmp_path, 2, "modem", "N/A")                 # not a number
+    zone(tmp_path, 10, "ddr-thermal", 51000)          # numbered past 9: still found
+    reading = LinuxThermalZones(tmp_path).read()
+    assert reading.temperature_c == 51.0
+    assert set(reading.detail["skipped"]) == {"thermal_zone1", "thermal_zone2"}
+    assert "ValueError" in reading.detail["skipped"]["thermal_zone2"]
+    set_temp(tmp_path, 0)
+    (tmp_path / "class/thermal/thermal_zone0/temp").unlink()
+    (tmp_path / "class/thermal/thermal_zone10/temp").unlink()
+    assert LinuxThermalZones(tmp_path).read().temperature_c is None
+
+
+def test_root_without_zones_is_refused(tmp_path):
+    with pytest.raises(InputError, match="no thermal zones under .*class/thermal"):
+        LinuxThermalZones(tmp_path)
+    with pytest.raises(InputError, match="must be laid out like /sys"):
+        LinuxThermalZones(tmp_path / "missing")
+
+
+# -- levels and hysteresis -------------------------------------------------------------------------------
+
+def step(gov: ThermalGovernor, root: Path, clock: FakeClock, celsius: float) -> str:
+    set_temp(root, celsius)
+    clock.t += 0.5
+    return gov.poll()
+
+
+def test_levels_go_up_at_a_limit_and_down_only_hysteresis_below(one_zone):
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    seen = [step(gov, one_zone, clock, t) for t in (69.9, 70.0, 69.0, 67.5, 70.5, 67.0, 95.0, 87.5, 87.0, 77.0, 66.9)]
+    assert seen == ["nominal", "warm", "warm", "warm", "warm", "nominal", "critical", "critical", "hot", "warm",
+                    "nominal"]
+    assert [(a, b) for _, a, b in gov.changes] == [("nominal", "warm"), ("warm", "nominal"), ("nominal", "critical"),
+                                                   ("critical", "hot"), ("hot", "warm"), ("warm", "nominal")]
+    assert gov.changes[0][0] == 1.0  # the clock time of the read that changed the level
+
+
+def test_no_flapping_around_a_limit(one_zone):
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    for i in range(40):
+        step(gov, one_zone, clock, 80.4 if i % 2 else 79.4)  # around hot_c = 80, within the 3 C hysteresis
+    assert [(a, b) for _, a, b in gov.changes] == [("nominal", "warm"), ("warm", "hot")]
+
+
+def test_hysteresis_is_configurable(one_zone):
+    clock = FakeClock()
+    gov = governor(one_zone, clock, hysteresis_c=0.5)
+    assert [step(gov, one_zone, clock, t) for t in (70.0, 69.6, 69.5)] == ["warm", "warm", "nominal"]
+
+
+def test_sensor_is_read_at_most_every_read_interval(one_zone):
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.reads = inner, 0
+
+        def read(self):
+            self.reads += 1
+            return self.inner.read()
+
+    clock = FakeClock()
+    sensor = Counting(LinuxThermalZones(one_zone))
+    gov = ThermalGovernor(sensor, clock=clock, sleep=clock.sleep)
+    for i in range(100):  # 100 inferences over one second
+        clock.t = i / 100
+        gov.before_inference()
+    assert sensor.reads == 2  # at 0.0 s and 0.5 s
+    set_temp(one_zone, 75.0)
+    clock.t = 0.99
+    assert gov.poll() == "nominal"  # cached: the new temperature is not seen yet
+    clock.t = 1.0
+    assert gov.poll() == "warm" and sensor.reads == 3
+
+
+def test_a_reading_without_temperature_or_hint_keeps_the_level(tmp_path):
+    zone(tmp_path, 0, "cpu-thermal", 75000)
+    clock = FakeClock()
+    gov = governor(tmp_path, clock)
+    assert gov.poll() == "warm"
+    (tmp_path / "class/thermal/thermal_zone0/temp").write_text("garbage\n")
+    clock.t += 1
+    assert gov.poll() == "warm"
+    assert gov.state()["temperature_c"] is None
+
+
+# -- per inference: threads, pacing, critical ----------------------------------------------------------
+
+def test_nominal_changes_nothing(one_zone):
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    decisions = [gov.before_inference() for _ in range(3)]
+    assert clock.sleeps == []
+    assert decisions[-1] == {"level": "nominal", "action": None, "actions": [], "threads": None, "prefer": None,
+                             "slept_ms": 0.0, "temperature_c": 40.0}
+
+
+def test_pacing_sleeps_so_inferences_start_min_interval_apart(one_zone):
+    set_temp(one_zone, 72.0)
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    first, second, third = (gov.before_inference() for _ in range(3))
+    assert first["level"] == "warm" and first["slept_ms"] == 0.0 and first["action"] == "threads_reduced"
+    assert clock.sleeps == pytest.approx([0.020, 0.020])
+    assert second["action"] == "paced" and second["actions"] == ["paced", "threads_reduced"]
+    assert second["slept_ms"] == pytest.approx(20.0) and third["threads"] == 2  # half of max_threads=4
+    clock.t += 0.5  # the app itself waited longer than the interval: no sleep
+    assert gov.before_inference()["slept_ms"] == 0.0
+    assert len(clock.sleeps) == 2
+
+
+def test_hot_paces_harder_with_one_thread_and_prefers_lower_power(one_zone):
+    set_temp(one_zone, 84.0)
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    gov.before_inference()
+    decision = gov.before_inference()
+    assert decision["level"] == "hot" and decision["threads"] == 1 and decision["prefer"] == "lower_power"
+    assert decision["slept_ms"] == pytest.approx(100.0)
+
+
+def test_pacing_holds_across_threads():
+    class Hot:
+        def read(self):
+            return ThermalReading(None, 75.0, "fixed", {})
+
+    gov = ThermalGovernor(Hot(), actions=ThermalActions(warm={"min_interval_ms": 2}))
+    starts, lock = [], threading.Lock()
+
+    def infer():
+        for _ in range(10):
+            gov.before_inference()
+            with lock:
+                starts.append(time.monotonic())
+
+    workers = [threading.Thread(target=infer) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(starts) == 40
+    assert max(starts) - min(starts) >= 39 * 0.002 * 0.99
+
+
+def test_critical_refuses_with_budget_exceeded(one_zone):
+    set_temp(one_zone, 95.0)
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    refusal = r"critical \(95.0 C from sysfs:.*critical limit 90 C\).*cools below 87 C"
+    with pytest.raises(BudgetExceeded, match=refusal) as caught:
+        gov.before_inference()
+    assert caught.value.reason == "thermal"
+    assert (caught.value.needed, caught.value.available) == (95.0, 90.0)
+    assert clock.sleeps == []
+
+
+def test_critical_defer_waits_until_below_hot(one_zone):
+    set_temp(one_zone, 95.0)
+    clock = FakeClock()
+    cooling = iter([88.0, 85.0, 79.0, 76.0])  # one reading per pause of the deferral
+
+    def sleep(seconds):
+        clock.sleep(seconds)
+        set_temp(one_zone, next(cooling, 76.0))
+
+    actions = dataclasses.replace(FIXED, critical={"mode": "defer", "max_wait_s": 10})
+    gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, actions=actions,
+                          max_threads=4, clock=clock, sleep=sleep)
+    decision = gov.before_inference()
+    assert decision["level"] == "warm" and decision["action"] == "deferred"
+    assert decision["actions"][0] == "deferred"
+    assert decision["slept_ms"] == pytest.approx(4 * 500.0)  # critical, critical, hot, hot; warm at the 4th pause
+    assert [b for _, _, b in gov.changes] == ["critical", "hot", "warm"]
+
+
+def test_critical_defer_gives_up_after_max_wait(one_zone):
+    set_temp(one_zone, 95.0)
+    clock = FakeClock()
+    actions = dataclasses.replace(FIXED, critical={"mode": "defer", "max_wait_s": 2.0})
+    gov = governor(one_zone, clock, actions=actions)
+    with pytest.raises(BudgetExceeded, match=r"still critical after deferring 2.0 s \(max_wait_s 2\)") as caught:
+        gov.before_inference()
+    assert caught.value.reason == "thermal"
+    assert sum(clock.sleeps) == pytest.approx(2.0)
+
+
+def test_critical_defer_counts_hot_as_not_cooled_yet(one_zone):
+    set_temp(one_zone, 95.0)
+    clock = FakeClock()
+
+    def sleep(seconds):
+        clock.sleep(seconds)
+        set_temp(one_zone, 84.0)  # cools to hot at once, never below it
+
+    actions = dataclasses.replace(FIXED, critical={"mode": "defer", "max_wait_s": 2.0})
+    gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, actions=actions,
+                          clock=clock, sleep=sleep)
+    with pytest.raises(BudgetExceeded, match=r"the device is hot \(84.0 C from sysfs:.*\); still hot after deferring"):
+        gov.before_inference()
+    assert sum(clock.sleeps) == pytest.approx(2.0)
+    clock.t += 1.0
+    assert gov.before_inference()["level"] == "hot"  # a new inference at hot is served (paced), not deferred
+
+
+def test_critical_escalate_is_a_decision_not_an_error(one_zone):
+    set_temp(one_zone, 95.0)
+    clock = FakeClock()
+    gov = governor(one_zone, clock, actions=dataclasses.replace(FIXED, critical={"mode": "escalate"}))
+    decision = gov.before_inference()
+    assert decision["level"] == "critical" and decision["action"] == "escalate" and decision["slept_ms"] == 0.0
+
+
+def test_adaptive_pacing_holds_the_simulated_device_below_hot(tmp_path):
+    """Sustained work (2 ms simulated per inference) under the default actions: the temperature is held below hot
+    with one level change, at no less than 80% of the best constant rate the device's model allows."""
+    clock = FakeClock()
+    limits = load_profile("raspberry-pi-5").thermal  # 70 / 78 / 82
+    with SimulatedThermalDevice(tmp_path, clock=clock) as device:
+        gov = ThermalGovernor(LinuxThermalZones(tmp_path), **limits, clock=clock, sleep=clock.sleep)
+        count = paced = 0
+        while clock.t < 120.0:
+            paced += gov.before_inference()["action"] == "paced"
+            clock.t += 0.002
+            device.record_work(0.002)
+            count += 1
+        best_rate = device.duty_for(limits["hot_c"]) / 0.002
+        assert device.peak_c <= limits["hot_c"]
+        assert count / 120.0 >= 0.8 * best_rate
+        assert [(a, b) for _, a, b in gov.changes] == [("nominal", "warm")]
+        assert paced > count / 2
+        assert gov.state()["pacing_ms"] > 2.0
+
+
+def test_fixed_pacing_alone_lets_a_fast_device_pass_hot(tmp_path):
+    """Why adaptive pacing is the default: with nothing slowing the heating between warm and hot, the temperature
+    overshoots the hot limit before the next read and flaps between warm and hot."""
+    clock = FakeClock()
+    with SimulatedThermalDevice(tmp_path, clock=clock) as device:
+        unpaced_warm = ThermalActions(warm={"threads": "half"},
+                                      hot={"threads": 1, "min_interval_ms": 100, "prefer": "lower_power"})
+        gov = ThermalGovernor(LinuxThermalZones(tmp_path), warm_c=70, hot_c=78, critical_c=82, actions=unpaced_warm,
+                              clock=clock, sleep=clock.sleep)
+        while clock.t < 60.0:
+            gov.before_inference()
+            clock.t += 0.002
+            device.record_work(0.002)
+        assert device.peak_c > 78
+        assert len(gov.changes) > 5
+
+
+def test_state_is_json_ready(one_zone):
+    clock = FakeClock(10.0)
+    gov = governor(one_zone, clock)
+    assert gov.state()["level"] == "nominal" and gov.state()["temperature_c"] is None
+    gov.poll()
+    state = json.loads(json.dumps(gov.state()))
+    assert state["level"] == "nominal" and state["temperature_c"] == 40.0
+    assert state["source"].startswith("sysfs:")
+    assert state["thresholds"] == {"warm_c": 70.0, "hot_c": 80.0, "critical_c": 90.0, "hysteresis_c": 3.0,
+                                   "hold_c": 77.0}
+    assert state["last_read"] == 10.0 and state["critical_mode"] == "refuse"
+
+
+# -- pushed platform state --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("status, level", [(0, "nominal"), (1, "warm"), (2, "warm"), (3, "hot"), (4, "critical"),
+                                           (5, "critical"), (6, "critical")])
+def test_android_status_maps_to_levels(status, level):
+    state = PushedThermalState()
+    state.push_android_status(status)
+    reading = state.read()
+    assert reading.level_hint == level and reading.source == "android" and reading.temperature_c is None
+
+
+def test_android_headroom_maps_with_hysteresis():
+    state = PushedThermalState()
+    levels = []
+    for headroom in (0.5, 0.8, 1.0, 1.3, 0.97, 0.94, 0.72, 0.69):
+        state.push_android_headroom(headroom)
+        levels.append(state.read().level_hint)
+    assert levels == ["nominal", "warm", "hot", "hot", "hot", "warm", "warm", "nominal"]
+    assert state.read().detail["android_headroom"] == 0.69
+    state.push_android_headroom(math.nan)  # Android's answer when asked too often
+    assert state.read().level_hint is None
+
+
+@pytest.mark.parametrize("apple, level", [("nominal", "nominal"), ("fair", "warm"), ("serious", "hot"),
+                                          ("Critical", "critical")])
+def test_apple_state_maps_to_levels(apple, level):
+    state = PushedThermalState()
+    state.push_apple_state(apple)
+    assert state.read().level_hint == level and state.read().source == "apple"
+
+
+def test_pushed_state_takes_the_most_severe_and_refuses_bad_values():
+    state = PushedThermalState()
+    assert state.read() == ThermalReading(None, None, "pushed (nothing pushed yet)", {})
+    state.push_android_status(1)
+    state.push_android_headroom(1.1)
+    assert state.read().level_hint == "hot"
+    assert state.read().detail == {"android_status": "1 LIGHT", "android_headroom": 1.1}
+    with pytest.raises(InputError, match=r"0 \(NONE\) .. 6 \(SHUTDOWN\), got 7"):
+        state.push_android_status(7)
+    with pytest.raises(InputError, match="must be a number >= 0"):
+        state.push_android_headroom(-0.1)
+    with pytest.raises(InputError, match="nominal, fair, serious, critical, got 'hot'"):
+        state.push_apple_state("hot")
+
+
+def test_governor_uses_pushed_levels_as_given():
+    clock = FakeClock()
+    state = PushedThermalState()
+    gov = ThermalGovernor(state, clock=clock, sleep=clock.sleep)
+    state.push_android_status(3)
+    assert gov.poll() == "hot"
+    state.push_android_status(0)
+    clock.t += 0.5
+    assert gov.poll() == "nominal"  # no temperature hysteresis on a platform's own level
+    state.push_apple_state("critical")
+    clock.t += 0.5
+    with pytest.raises(BudgetExceeded, match=r"critical \(android\+apple reports level critical\); local inference "
+                                             "is refused until it reports a lower level") as caught:
+        gov.before_inference()
+    assert (caught.value.needed, caught.value.available) == (None, None)
+
+
+# -- Raspberry Pi ------------------------------------------------------------------------------------------
+
+def vcgencmd(throttled: str, temp: str = "temp=55.0'C"):
+    calls = []
+
+    def run(subcommand):
+        calls.append(subcommand)
+        return {"get_throttled": f"throttled={throttled}\n", "measure_temp": temp + "\n"}[subcommand]
+    run.calls = calls
+    return run
+
+
+@pytest.mark.parametrize("flags, level, now", [
+    ("0x0", "nominal", []),
+    ("0x1", "nominal", ["under-voltage"]),
+    ("0x2", "warm", ["arm frequency capped"]),
+    ("0x8", "warm", ["soft temperature limit active"]),
+    ("0x4", "hot", ["currently throttled"]),
+    ("0xe", "hot", ["arm frequency capped", "currently throttled", "soft temperature limit active"]),
+    ("0x50000", "nominal", []),  # throttled and under-voltage since boot, not now
+])
+def test_raspberry_pi_throttled_bits(flags, level, now):
+    command = vcgencmd(flags)
+    reading = RaspberryPiThrottled(command).read()
+    assert reading.level_hint == level and reading.detail["now"] == now
+    assert reading.temperature_c == 55.0 and reading.source == "vcgencmd"
+    assert command.calls == ["get_throttled", "measure_temp"]
+
+
+def test_raspberry_pi_since_boot_and_failures():
+    reading = RaspberryPiThrottled(vcgencmd("0x50005"), measure_temp=False).read()
+    assert reading.detail["since_boot"] == ["under-voltage", "currently throttled"]
+    assert reading.level_hint == "hot" and reading.temperature_c is None
+
+    def broken(subcommand):
+        raise subprocess.CalledProcessError(255, ["vcgencmd", subcommand])
+    failed = RaspberryPiThrottled(broken).read()
+    assert failed.level_hint is None and "CalledProcessError" in failed.detail["error"]
+    garbled = RaspberryPiThrottled(vcgencmd("0x0", temp="error=1")).read()
+    assert "no 'temp=' in vcgencmd output" in garbled.detail["error"]
+
+
+def test_raspberry_pi_needs_vcgencmd(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(InputError, match="vcgencmd is not on PATH"):
+        RaspberryPiThrottled()
+
+
+def test_raspberry_pi_hint_and_temperature_take_the_worse():
+    clock = FakeClock()
+    gov = ThermalGovernor(RaspberryPiThrottled(vcgencmd("0x2", "temp=84.2'C")), warm_c=70, hot_c=78, critical_c=82,
+                          actions=dataclasses.replace(FIXED, critical={"mode": "escalate"}), clock=clock,
+                          sleep=clock.sleep)
+    assert gov.poll() == "critical"  # the firmware only caps the frequency, but 84.2 C is past critical_c
+
+
+# -- the simulated device --------------------------------------------------------------------------------
+
+def test_simulated_device_heats_under_work_and_cools_toward_ambient_when_idle(tmp_path):
+    clock = FakeClock()
+    with SimulatedThermalDevice(tmp_path, clock=clock) as device:
+        sensor = LinuxThermalZones(tmp_path)
+        idle = device.steady_state_c(0.0)
+        assert device.temperature_c == idle == 30.0 and sensor.read().temperature_c == 30.0
+        assert "cpu-thermal" == sensor.read().detail["zones"]["thermal_zone0"]["type"]
+        temps = []
+        while clock.t < 10.0:  # always busy
+            clock.t += 0.01
+            device.record_work(0.01)
+            temps.append(device.temperature_c)
+        assert temps == sorted(temps) and device.temperature_c > 78.0  # past a 78 C hot limit within 10 s
+        assert sensor.read().temperature_c == pytest.approx(device.temperature_c, abs=0.001)
+        hot = device.temperature_c
+        cooled = device.advance(clock.t + 8.0)  # idle for one tau
+        assert cooled == pytest.approx(idle + (hot - idle) * math.exp(-1.0))
+        assert device.advance(clock.t + 120.0) == pytest.approx(idle, abs=0.01)
+        assert device.peak_c == hot
+        assert sensor.read().temperature_c == pytest.approx(idle, abs=0.001)
+
+
+def test_simulated_device_time_scale(tmp_path):
+    clock = FakeClock()
+    with SimulatedThermalDevice(tmp_path, clock=clock, time_scale=20.0, update_interval_s=1.0) as device:
+        clock.t = 0.5
+        assert device.now() == 10.0
+        device.record_work(0.25)  # half of the real time busy: 5 simulated seconds of work
+        expected = device.steady_state_c(0.5) + (30.0 - device.steady_state_c(0.5)) * math.exp(-10.0 / 8.0)
+        assert device.temperature_c == pytest.approx(expected)
+        start = time.perf_counter()
+        device.sleep(0.2)  # simulated: 10 ms real
+        assert 0.009 <= time.perf_counter() - start < 0.2
+
+
+def test_simulated_device_misuse(tmp_path):
+    clock = FakeClock()
+    with pytest.raises(InputError, match="tau_s must be > 0"):
+        SimulatedThermalDevice(tmp_path, tau_s=0, clock=clock)
+    device = SimulatedThermalDevice(tmp_path, clock=clock)
+    with pytest.raises(InputError, match="busy time must be >= 0"):
+        device.record_work(-1.0)
+    clock.t = 5.0
+    device.advance()
+    with pytest.raises(InputError, match="cannot advance to 1.000 s, it is already at 5.000 s"):
+        device.advance(1.0)
+    device.close()
+    with pytest.raises(InputError, match="was closed"):
+        device.advance()
+
+
+# -- configuration -----------------------------------------------------------------------------------------
+
+def test_from_profile_takes_the_thresholds(one_zone):
+    profile = load_profile("raspberry-pi-5")
+    gov = ThermalGovernor.from_profile(LinuxThermalZones(one_zone), profile)
+    assert gov.limits == {"warm": 70.0, "hot": 78.0, "critical": 82.0}
+    assert gov.max_threads == (profile.threads or gov.max_threads)
+    assert ThermalGovernor.from_profile(LinuxThermalZones(one_zone), profile, hysteresis_c=1.0).hold_c == 77.0
+    with pytest.raises(InputError, match="'raspberry-pi-5' sets no \\[thermal\\] limits"):
+        ThermalGovernor.from_profile(LinuxThermalZones(one_zone), dataclasses.replace(profile, thermal={}))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"warm_c": 80.0, "hot_c": 80.0}, "limits must rise, warm_c < hot_c < critical_c, got 80.0 / 80.0 / 90.0"),
+    ({"hysteresis_c": -1.0}, "must be >= 0"),
+    ({"hold_c": 85.0}, r"hold_c must be a number below hot_c \(80.0\)"),
+    ({"max_threads": 0}, "max_threads must be an integer >= 1"),
+    ({"critical_c": "hot"}, "critical_c must be a number, got 'hot'"),
+])
+def test_governor_misuse(one_zone, options, message):
+    with pytest.raises(InputError, match=message):
+        ThermalGovernor(LinuxThermalZones(one_zone), **{"warm_c": 70.0, "hot_c": 80.0, "critical_c": 90.0,
+                                                        **options})
+
+
+@pytest.mark.parametrize("actions, message", [
+    ({"warm": {"thread": 2}}, "warm has unknown key 'thread' \\(known: threads, min_interval_ms, adaptive, prefer\\)"),
+    ({"hot": {"threads": 0}}, "hot threads must be an integer >= 1, 'half' or None, got 0"),
+    ({"warm": {"min_interval_ms": -5}}, "warm min_interval_ms must be a number >= 0"),
+    ({"hot": {"prefer": "fast"}}, "prefer must be 'lower_power' or None"),
+    ({"critical": {"mode": "ignore"}}, "critical mode 'ignore' is not one of refuse, defer, escalate"),
+])
+def test_actions_misuse(actions, message):
+    with pytest.raises(InputError, match=message):
+        ThermalActions(**actions)
+
+
+def test_bad_level_hint_from_a_sensor_is_named():
+    class Odd:
+        def read(self):
+            return ThermalReading("scorching", None, "odd-sensor", {})
+
+    with pytest.raises(InputError, match=f"odd-sensor gave level 'scorching'; levels are {', '.join(LEVELS)}"):
+        ThermalGovernor(Odd()).poll()
