@@ -268,6 +268,8 @@ class Model:
         self._thermal = thermal
         self._base_threads = threads
         self._threads_now = threads
+        self._artifact_now = placement.artifact  # the thermal budget may switch to a lower-power one
+        self._reopen_failed: set[tuple[str, int | None]] = set()
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -315,24 +317,50 @@ class Model:
             raise BudgetExceeded("thermal", f"the device is {decision['level']} and the governor escalates, but no "
                                             "cloud endpoint is configured; local inference is refused",
                                  needed=decision.get("temperature_c"))
-        wanted = decision.get("threads") or self._base_threads
-        if wanted != self._threads_now:
-            try:  # engines fix their thread count at load: reopen (only when the level changes)
-                art = self.bundle.artifact(self.placement.artifact)
-                options = {**art.runtime, "device": self.placement.device}
-                if wanted:
-                    options["num_threads"] = wanted
-                fresh = open_engine(self.placement.engine, art.model_path, **options)
-            except BackendUnavailable:
-                fresh = None
-            if fresh is not None:
-                self._engine.close()
-                self._engine, self._threads_now = fresh, wanted
-        if self._threads_now == self._base_threads:  # not applied (or back to normal): do not claim it
-            decision = {**decision, "actions": [a for a in decision.get("actions", []) if a != "threads_reduced"]}
-            decision["action"] = decision["actions"][0] if decision["actions"] else None
+        threads = decision.get("threads") or self._base_threads
+        artifact = self._lower_power_artifact() if decision.get("prefer") == "lower_power" else self.placement.artifact
+        if (artifact, threads) != (self._artifact_now, self._threads_now) and \
+                (artifact, threads) not in self._reopen_failed:
+            self._reopen(artifact, threads)  # engines fix these at load: only on a level change
+        actions = [a for a in decision.get("actions", []) if a != "threads_reduced"]
+        if self._threads_now != self._base_threads:
+            actions.append("threads_reduced")
+        if self._artifact_now != self.placement.artifact:
+            actions.insert(0, "artifact_switched")
+        decision = {**decision, "actions": actions, "action": actions[0] if actions else None,
+                    "artifact_now": self._artifact_now}
         decision["threads_now"] = self._threads_now
         return decision
+
+    def _lower_power_artifact(self) -> str:
+        """The INT8 sibling of an FP32 placement on the same engine (less work per inference), if any."""
+        if self.placement.precision != "int8":
+            for art in self.bundle.artifacts:
+                if art.engine == self.placement.engine and art.precision == "int8":
+                    return art.id
+        return self.placement.artifact
+
+    def _reopen(self, artifact_id: str, threads: int | None) -> None:
+        """Swap the engine for ``artifact_id`` with ``threads``; keep the old one when the new one fails
+        to load or its numerics check (the budget then simply does not claim the change)."""
+        art = self.bundle.artifact(artifact_id)
+        options = {**art.runtime, "device": self.placement.device}
+        if threads:
+            options["num_threads"] = threads
+        try:
+            fresh = open_engine(self.placement.engine, art.model_path, **options)
+        except BackendUnavailable:
+            self._reopen_failed.add((artifact_id, threads))  # not retried on every inference
+            return
+        if artifact_id != self._artifact_now:
+            try:
+                numerics.check(fresh, self.bundle, artifact_id)
+            except BackendUnavailable:
+                fresh.close()
+                self._reopen_failed.add((artifact_id, threads))
+                return
+        self._engine.close()
+        self._engine, self._artifact_now, self._threads_now = fresh, artifact_id, threads
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict each input in turn (artifacts are compiled for batch 1)."""

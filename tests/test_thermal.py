@@ -570,3 +570,46 @@ def test_bad_level_hint_from_a_sensor_is_named():
 
     with pytest.raises(InputError, match=f"odd-sensor gave level 'scorching'; levels are {', '.join(LEVELS)}"):
         ThermalGovernor(Odd()).poll()
+
+
+# -- the governor driving a real model -------------------------------------------------------------------
+
+def test_hot_device_switches_a_float_model_to_int8_with_fewer_threads_and_back(digits_bundle, tmp_path):
+    """The governor's decisions are carried out by Model.predict, and the result says what changed."""
+    import edgesdk
+    from edgesdk import Bundle
+    from edgesdk.thermal import LinuxThermalZones, ThermalGovernor
+
+    zone = tmp_path / "sys/class/thermal/thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("cpu-thermal\n")
+    temp = zone / "temp"
+    temp.write_text("40000\n")
+    slept = []
+    governor = ThermalGovernor(LinuxThermalZones(tmp_path / "sys"), warm_c=70, hot_c=78, critical_c=90,
+                               min_read_interval_s=0.0, max_threads=2, sleep=slept.append)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, require="onnxruntime", artifact="onnxruntime-fp32",
+                      thermal=governor) as model:
+        cool = model.predict(x)
+        assert cool.budget["thermal"]["level"] == "nominal" and cool.budget["action"] is None
+        assert cool.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
+
+        temp.write_text("80000\n")  # hot
+        hot = model.predict(x)
+        assert hot.budget["thermal"]["level"] == "hot"
+        assert hot.budget["action"] == "artifact_switched"
+        assert "threads_reduced" in hot.budget["thermal"]["actions"]
+        assert hot.budget["thermal"]["artifact_now"] == "onnxruntime-int8"
+        assert hot.budget["thermal"]["threads_now"] == 1
+        assert model._engine.model_path.name == "model_int8.onnx"  # really switched
+        assert int(hot.outputs[0].argmax()) == int(cool.outputs[0].argmax())
+
+        temp.write_text("40000\n")  # cooled well below hot - hysteresis
+        back = model.predict(x)
+        assert back.budget["thermal"]["level"] == "nominal"
+        # the adaptive rate limit may still pace for a moment; nothing else stays changed
+        assert back.budget["action"] in (None, "paced")
+        assert not {"artifact_switched", "threads_reduced"} & set(back.budget["thermal"]["actions"])
+        assert back.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
+        assert model._engine.model_path.name == "model_fp32.onnx"
