@@ -83,3 +83,36 @@ def median_ms(engine: Engine, feeds: Sequence[np.ndarray], warmup: int = WARMUP,
         engine.run(feeds)
         times.append(time.perf_counter() - t0)
     return float(np.median(times) * 1e3)
+
+
+# -- probes ------------------------------------------------------------------------------------------------
+# Some devices can only be found by loading a model on them (LiteRT GPU/NPU). A probe that failed is
+# remembered per (machine, engine, engine version, device), so `auto` does not pay it on every load;
+# a new engine version (a driver or delegate installed with it) probes again.
+
+def _probe_key(engine: str, device: str) -> str:
+    return f"{machine_id()}|{engine}|{engine_version(engine)}|{device}"
+
+
+def failed_probe(engine: str, device: str) -> str | None:
+    try:
+        data = json.loads((cache_dir() / "probes.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get(_probe_key(engine, device)) if isinstance(data, dict) else None
+
+
+def remember_failed_probe(engine: str, device: str, detail: str) -> None:
+    path = cache_dir() / "probes.json"
+    try:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[_probe_key(engine, device)] = detail
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -110,8 +110,21 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     discoveries = {name: discover(name) for name in backend_names()}
     profile, _why = _profile(opts.profile, discoveries)
     threads = opts.threads or getattr(profile, "threads", None)
-    probe = opts.policy in selection.PROBING_POLICIES or opts.require in ("GPU", "NPU")
-    cands, skipped = selection.enumerate_candidates(bundle, discoveries, opts.device, probe, opts.engine)
+    # Devices only a model load can find (LiteRT GPU/NPU) are probed, except where an earlier probe on
+    # this machine and engine version already failed (then only prefer-gpu/npu, require or an explicit
+    # device try again).
+    cands, skipped = selection.enumerate_candidates(bundle, discoveries, opts.device, True, opts.engine)
+    unverified = {(d.engine, d.name) for found in discoveries.values() for d in found.devices if not d.verified}
+    insist = opts.policy in selection.PROBING_POLICIES or opts.require in ("GPU", "NPU")
+    kept = []
+    for c in cands:
+        known = (c.engine, c.device) in unverified and not insist and opts.device not in (c.device, c.kind) \
+            and autotune.failed_probe(c.engine, c.device)
+        if known:
+            skipped.append(Skip(c, "device_missing", f"{known} (remembered from an earlier probe here)"))
+        else:
+            kept.append(c)
+    cands = kept
     ordered = selection.order(cands, opts.policy, profile, engine=opts.engine, device=opts.device,
                               artifact=opts.artifact)
     eligible = [c for c in ordered if selection.meets(c, opts.require)]
@@ -160,6 +173,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             skipped.append(skip)
             if exc.reason == "device_missing":
                 failed_devices[(cand.engine, cand.device)] = skip
+                if (cand.engine, cand.device) in unverified:
+                    autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
             continue
         measured_now = max(memory.rss_mb() - before, sum(f["bytes"] for f in art.entry["files"]) / memory.MB)
         # Only a cold load (the engine's first in this process) shows the full cost, libraries included;
@@ -183,8 +198,9 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
         except BaseException:
             engine.close()
             raise
-    if over_budget and all(s.reason == "memory" for s in skipped if selection.meets(s.candidate, opts.require)
-                           and s.candidate.device != "-"):
+    # Memory is the answer when every candidate that exists here was ruled out by the budget.
+    absent = ("memory", "device_missing", "engine_missing")
+    if over_budget and all(s.reason in absent for s in skipped if selection.meets(s.candidate, opts.require)):
         cheapest = min(over_budget, key=lambda e: e.needed)
         raise BudgetExceeded("memory", f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
                              needed=cheapest.needed, available=cheapest.available)

@@ -4,8 +4,8 @@ A candidate is (backend, device, artifact). Policies order them:
 
 =================  ==================================================================
 ``auto``           the platform profile's device order (default NPU > GPU > CPU), INT8 before FP32
-``prefer-npu``     NPU > GPU > CPU
-``prefer-gpu``     GPU > NPU > CPU
+``prefer-npu``     NPU > GPU > CPU, probing again devices an earlier probe found missing
+``prefer-gpu``     GPU > NPU > CPU, likewise
 ``cpu-only``       CPU candidates only
 ``max-efficiency`` NPU > CPU > GPU, INT8 first (a phone GPU draws the most power per inference)
 ``autotune``       every viable candidate is timed on the golden inputs; the fastest wins (cached)
