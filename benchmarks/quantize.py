@@ -29,6 +29,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from bare import bare_call  # noqa: E402
 
 TARGETS = {"litert": 0.5, "openvino": 0.5, "onnxruntime": 0.7}
 
@@ -49,35 +50,6 @@ def run_measured(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProc
     out, err = proc.communicate()
     wall = time.perf_counter() - start
     return wall, peak / 2**20, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def bare_call(engine: str, path: Path, x: np.ndarray, precision_hint: str | None):
-    """The engine's own API on the artifact, no edgesdk in the loop: the reference for 'bare'."""
-    if engine == "litert":
-        from ai_edge_litert.interpreter import Interpreter
-
-        interp = Interpreter(model_path=str(path), num_threads=os.cpu_count())
-        interp.allocate_tensors()
-        inp, out = interp.get_input_details()[0], interp.get_output_details()[0]
-        if inp["dtype"] != np.float32:
-            raise SystemExit(f"{path.name} has {inp['dtype']} input; this benchmark expects float I/O")
-
-        def call():
-            interp.set_tensor(inp["index"], x)
-            interp.invoke()
-            return interp.get_tensor(out["index"])
-        return call
-    if engine == "openvino":
-        import openvino as ov
-
-        config = {"PERFORMANCE_HINT": "LATENCY"} | ({"INFERENCE_PRECISION_HINT": precision_hint} if precision_hint else {})
-        request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
-        return lambda: request.infer([x], share_inputs=True)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda: session.run(None, {name: x})
 
 
 def interleaved(calls: dict, iters: int, warmup: int = 5) -> dict[str, list[float]]:
