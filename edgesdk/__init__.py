@@ -7,7 +7,7 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 from .bundle import Artifact, Bundle
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, ConversionError,
                      EdgeSDKError, InputError, ValidationFailed)
-from .model import Model, Result, RuntimeOptions, Top, load
+from .model import Budgets, Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
 from .pool import ModelPool
 from .preprocess import Preprocess
@@ -15,7 +15,7 @@ from .preprocess import Preprocess
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "ModelPool", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess",
+    "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
     "CalibrationError", "ValidationFailed", "__version__",
 ]

@@ -23,16 +23,29 @@ _ENGINES_LOADED: set[str] = set()  # engines that served a load in this process 
 
 
 @dataclass(frozen=True)
+class Budgets:
+    """What serving may cost on this device.
+
+    ``memory_mb`` caps the process memory (None: the platform profile's ``memory.budget_mb`` where it
+    has one, else only the cgroup and physical limits apply). ``thermal`` is a
+    :class:`~edgesdk.thermal.ThermalGovernor` consulted before every inference (None: no thermal budget).
+    """
+
+    memory_mb: float | None = None
+    thermal: Any = None
+
+
+@dataclass(frozen=True)
 class RuntimeOptions:
     """How :func:`load` picks and runs a backend (see :mod:`edgesdk.selection` for the policies).
 
     ``require`` (a device kind or an engine) is strict: when it cannot be met, load raises
     :class:`BackendUnavailable` with the reason. ``profile`` names a platform profile (or a path
     to one); None detects it. ``threads`` overrides the profile's CPU thread count.
-    ``memory_mb`` caps the process memory (also bounded by the cgroup limit and the physical
-    memory): a candidate whose expected cost does not fit is skipped for a cheaper one, and when
-    none fits load raises :class:`BudgetExceeded`. ``thermal`` is a governor consulted before
-    every inference (pacing, fewer threads, refusal at critical).
+    ``budgets`` (see :class:`Budgets`): a candidate whose expected memory cost does not fit is
+    skipped for a cheaper one, and when none fits load raises :class:`BudgetExceeded`; a thermal
+    governor paces, cuts threads, switches to INT8 or refuses. ``load(..., memory_mb=..., thermal=...)``
+    are shortcuts for the two budget fields.
     """
 
     policy: str = "auto"
@@ -43,8 +56,7 @@ class RuntimeOptions:
     check_numerics: bool = True
     profile: str | Path | None = None
     threads: int | None = None
-    memory_mb: float | None = None
-    thermal: Any = None  # a ThermalGovernor consulted before every inference (edgesdk.thermal)
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 class Top(NamedTuple):
@@ -89,11 +101,18 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 
     Keyword shortcuts override ``options`` fields: ``load(p, policy="cpu-only", require="NPU")``.
     """
+    return _load(path, _options(options, overrides), memory.rss_mb)
+
+
+def _options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> RuntimeOptions:
+    opts = options or RuntimeOptions()
+    budget_overrides = {k: overrides.pop(k) for k in ("memory_mb", "thermal") if k in overrides}
+    if budget_overrides:
+        opts = replace(opts, budgets=replace(opts.budgets, **budget_overrides))
     try:
-        opts = replace(options or RuntimeOptions(), **overrides)
+        return replace(opts, **overrides)
     except TypeError as exc:
         raise InputError(f"load() got an unknown option: {exc}") from exc
-    return _load(path, opts, memory.rss_mb)
 
 
 def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
@@ -134,7 +153,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     decision = None
     if opts.policy == "autotune":
         # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
-        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items() if k != "thermal"})
+        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items() if k != "budgets"})
         decision = autotune.lookup(key)
         if decision:  # try the cached winner first; it is still checked
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
@@ -147,7 +166,12 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             eligible = [c for c in eligible if c not in failed]  # recorded by the timing walk already
             eligible.sort(key=lambda c: c.label() != decision["candidate"])
 
-    limit = memory.process_limit(opts.memory_mb)
+    budget_mb = opts.budgets.memory_mb
+    if budget_mb is None and profile is not None:
+        budget_mb = profile.memory.get("budget_mb")  # the device family's default, where it has one
+    if budget_mb is not None and not budget_mb > 0:
+        raise InputError(f"memory_mb must be positive, got {budget_mb!r}")
+    limit = memory.process_limit(budget_mb)
     costs = memory.CostBook()
     over_budget: list[BudgetExceeded] = []
     failed_devices: dict[tuple[str, str], Skip] = {}
@@ -193,7 +217,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
         try:
-            return Model(bundle, engine, placement, budget=budget, thermal=opts.thermal, cost_mb=cost,
+            return Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal, cost_mb=cost,
                          threads=threads)
         except BaseException:
             engine.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import memory
 from .errors import BudgetExceeded, InputError
-from .model import Model, RuntimeOptions, _load
+from .model import Model, RuntimeOptions, _load, _options
 
 
 class ModelPool:
@@ -25,7 +25,8 @@ class ModelPool:
         if memory_mb <= 0:
             raise InputError(f"memory_mb must be positive, got {memory_mb}")
         self.memory_mb = float(memory_mb)
-        self._options = replace(options or RuntimeOptions(), memory_mb=self.memory_mb, **overrides)
+        opts = _options(options, dict(overrides))
+        self._options = replace(opts, budgets=replace(opts.budgets, memory_mb=self.memory_mb))
         self._baseline_mb = memory.rss_mb()
         self._models: dict[Path, Model] = {}
         self._last_used: dict[Path, float] = {}

@@ -158,3 +158,34 @@ def test_process_rss_stays_within_the_budget_plus_ten_percent(digits_bundle, cac
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["evicted"] >= 8  # the pool really cycled
     assert report["peak"] <= 1.10 * report["budget"], report
+
+
+def _profile_with_budget(tmp_path: Path, budget_mb: int) -> Path:
+    """A copy of the generic profile of this machine with a memory default."""
+    from edgesdk.profiles import detect_profile
+
+    source = detect_profile()[0].source
+    text = source.read_text().replace(f'name = "{source.stem}"', 'name = "tiny-board"')
+    path = tmp_path / "tiny-board.toml"
+    path.write_text(text + f"\n[memory]\nbudget_mb = {budget_mb}\n")
+    return path
+
+
+def test_the_profile_memory_default_applies(digits_bundle, cache, tmp_path):
+    with pytest.raises(BudgetExceeded, match=r"the limit is 1 MB \(budget\)"):
+        edgesdk.load(digits_bundle.bundle, profile=str(_profile_with_budget(tmp_path, 1)))
+
+
+def test_an_explicit_budget_overrides_the_profile_default(digits_bundle, cache, tmp_path):
+    profile = str(_profile_with_budget(tmp_path, 1))
+    budgets = edgesdk.Budgets(memory_mb=rss_mb() + 1000)
+    with edgesdk.load(digits_bundle.bundle, edgesdk.RuntimeOptions(profile=profile, budgets=budgets)) as model:
+        assert model.budget["memory"]["source"] == "budget"
+        assert model.budget["memory"]["limit_mb"] == pytest.approx(budgets.memory_mb, abs=0.1)
+    with edgesdk.load(digits_bundle.bundle, profile=profile, memory_mb=rss_mb() + 1000) as model:  # shortcut
+        assert model.budget["memory"]["limit_mb"] > 100
+
+
+def test_a_non_positive_budget_is_refused(digits_bundle):
+    with pytest.raises(edgesdk.InputError, match=r"memory_mb must be positive, got -5"):
+        edgesdk.load(digits_bundle.bundle, memory_mb=-5)
