@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -310,6 +311,7 @@ class Model:
         self._threads_now = threads
         self._artifact_now = placement.artifact  # the thermal budget may switch to a lower-power one
         self._reopen_failed: set[tuple[str, int | None]] = set()
+        self._lower_power = self._lower_power_artifact()
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -357,8 +359,11 @@ class Model:
             raise BudgetExceeded("thermal", f"the device is {decision['level']} and the governor escalates, but no "
                                             "cloud endpoint is configured; local inference is refused",
                                  needed=decision.get("temperature_c"))
-        threads = decision.get("threads") or self._base_threads
-        artifact = self._lower_power_artifact() if decision.get("prefer") == "lower_power" else self.placement.artifact
+        # The governor only ever reduces threads: never above what the model was loaded with.
+        cap = self._base_threads or os.cpu_count() or 1
+        wanted = decision.get("threads")
+        threads = wanted if wanted is not None and wanted < cap else self._base_threads
+        artifact = self._lower_power if decision.get("prefer") == "lower_power" else self.placement.artifact
         if (artifact, threads) != (self._artifact_now, self._threads_now) and \
                 (artifact, threads) not in self._reopen_failed:
             self._reopen(artifact, threads)  # engines fix these at load: only on a level change
@@ -373,11 +378,12 @@ class Model:
         return decision
 
     def _lower_power_artifact(self) -> str:
-        """The INT8 sibling of an FP32 placement on the same engine (less work per inference), if any."""
+        """The INT8 sibling of an FP32 placement on the same engine (less work per inference), if any.
+        Computed once at load: the governor may ask for it on every inference while hot."""
         if self.placement.precision != "int8":
-            for art in self.bundle.artifacts:
-                if art.engine == self.placement.engine and art.precision == "int8":
-                    return art.id
+            for art in self.bundle.manifest["artifacts"]:
+                if art["engine"] == self.placement.engine and art["precision"] == "int8":
+                    return art["id"]
         return self.placement.artifact
 
     def _reopen(self, artifact_id: str, threads: int | None) -> None:
