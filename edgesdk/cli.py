@@ -121,12 +121,10 @@ def devices(
     """List installed engines, the devices each reports (NPU/GPU/CPU) and why an expected one is missing,
     the platform profile, the thermal level and the memory headroom now."""
     from .engines import backend_names, discover
-    from .profiles import detect_profile
+    from .model import detect_platform
 
     found = [discover(name) for name in backend_names()]
-    ort = {d.name for f in found if f.engine == "onnxruntime" for d in f.devices}
-    ov = {d.kind for f in found if f.engine == "openvino" for d in f.devices}
-    profile, why = detect_profile(ort_providers=ort, openvino_devices=ov)
+    profile, why = detect_platform({f.engine: f for f in found})
     thermal, memory_now = _thermal_now(thermal_root, profile), _memory_now()
     if as_json:
         print(json.dumps({"engines": [f.to_dict() for f in found],

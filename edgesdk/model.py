@@ -274,15 +274,20 @@ def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], th
 
 
 def _profile(choice, discoveries):
-    try:
-        from . import profiles
-    except ImportError:  # pragma: no cover - profiles ship with the package
-        return None, []
+    from . import profiles
+
     if choice is not None:
         return profiles.load_profile(choice), [f"chosen: {choice}"]
+    return detect_platform(discoveries)
+
+
+def detect_platform(discoveries):
+    """The platform profile for this machine, given what the engines reported (``{name: Discovery}``)."""
+    from .profiles import detect_profile
+
     ort = {d.name for d in discoveries["onnxruntime"].devices} if "onnxruntime" in discoveries else set()
     ov = {d.kind for d in discoveries["openvino"].devices} if "openvino" in discoveries else set()
-    return profiles.detect_profile(ort_providers=ort, openvino_devices=ov)
+    return detect_profile(ort_providers=ort, openvino_devices=ov)
 
 
 def _unmet(require: str, discoveries, skipped: list[Skip]) -> BackendUnavailable:
