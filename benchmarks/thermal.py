@@ -62,10 +62,15 @@ def predict_s(model, x, n: int = 3000) -> float:
     return statistics.median(blocks)
 
 
-def run(model, x, profile, minutes: float, time_scale: float, *, governor: str | None = None,
-        interval_s: float = 0.0) -> dict:
-    """One sustained loop on a fresh simulated device: under a governor ("adaptive" or "fixed") or with a fixed
-    pacing of ``interval_s`` simulated seconds between inference starts (0: none)."""
+def run(bundle, x, placement: dict, profile, minutes: float, time_scale: float, threads: int | None, *,
+        governor: str | None = None, interval_s: float = 0.0) -> dict:
+    """One sustained loop on a fresh simulated device: under a governor ("adaptive" or "fixed"), loaded with
+    ``edgesdk.load(..., thermal=governor)`` so the governor runs inside ``model.predict`` as in an app, or with a
+    fixed pacing of ``interval_s`` simulated seconds between inference starts (0: none) done by the loop itself.
+
+    Work is all the process CPU time of each loop iteration (pacing code, governor, preprocessing checks,
+    inference), less what the simulator spends spinning in its own ``sleep``."""
+    import edgesdk
     from edgesdk.errors import BudgetExceeded
     from edgesdk.simulated_device import SimulatedThermalDevice
     from edgesdk.thermal import LinuxThermalZones, ThermalActions, ThermalGovernor
@@ -78,27 +83,31 @@ def run(model, x, profile, minutes: float, time_scale: float, *, governor: str |
                 warm={"threads": "half"}, hot={"threads": 1, "min_interval_ms": 100, "prefer": "lower_power"})
             gov = ThermalGovernor.from_profile(LinuxThermalZones(tmp), profile, actions=actions,
                                                clock=device.now, sleep=device.sleep)
+        model = edgesdk.load(bundle, **placement, threads=threads, thermal=gov)
         end = minutes * 60.0
         count = paced = refused = 0
         last = None
         real0 = time.perf_counter()
-        while (now := device.now()) < end:
-            if gov is not None:
-                try:
-                    decision = gov.before_inference()
-                except BudgetExceeded:  # critical: counted, and the device idles a little
-                    refused += 1
-                    device.sleep(0.1)
-                    device.advance()
-                    continue
-                paced += decision["slept_ms"] > 0
-            elif interval_s and last is not None and last + interval_s > now:
-                device.sleep(last + interval_s - now)
-            last = device.now()
-            t0 = time.process_time()
-            model.predict(x)
-            device.record_work(time.process_time() - t0)
-            count += 1
+        clock, cpu = device.now, time.process_time
+        with model:
+            while (now := clock()) < end:
+                c0, s0 = cpu(), device.sleep_cpu_s
+                if gov is None:
+                    if interval_s and last is not None and last + interval_s > now:
+                        device.sleep(last + interval_s - now)
+                    last = clock()
+                    model.predict(x)
+                else:
+                    try:
+                        result = model.predict(x)
+                    except BudgetExceeded:  # critical: counted, and the device idles a little
+                        refused += 1
+                        device.sleep(0.1)
+                        device.advance()
+                        continue
+                    paced += result.budget["thermal"]["slept_ms"] > 0
+                device.record_work(cpu() - c0 - (device.sleep_cpu_s - s0))
+                count += 1
         seconds = device.now()
         device.advance(seconds)
         result = {"peak_c": device.peak_c, "final_c": device.temperature_c, "rate": count / seconds,
@@ -138,8 +147,11 @@ def main() -> None:
     limits = profile.thermal
     hot_c = limits["hot_c"]
     model = edgesdk.load(bundle, policy="cpu-only", threads=args.threads or None)
+    placement = {"engine": model.placement.engine, "device": model.placement.device,
+                 "artifact": model.placement.artifact, "check_numerics": False}
     x = model_input(bundle)
     one = predict_s(model, x)
+    model.close()
     print(f"{bundle} on {model.placement.artifact} ({model.placement.engine}:{model.placement.kind}, "
           f"threads {args.threads or 'default'}); "
           f"predict {one * 1e6:.1f} us real = {one * args.time_scale * 1e3:.3f} ms simulated at time scale "
@@ -147,7 +159,7 @@ def main() -> None:
     print(f"profile {profile.name}: warm {limits['warm_c']:g} C, hot {hot_c:g} C, critical {limits['critical_c']:g} C; "
           f"{args.minutes:g} simulated minutes per run ({args.minutes * 60 / args.time_scale:.1f} s real)\n")
 
-    common = (model, x, profile, args.minutes, args.time_scale)
+    common = (bundle, x, placement, profile, args.minutes, args.time_scale, args.threads or None)
     governed = [run(*common, governor="adaptive")]
     print(describe("governor (adaptive pacing)", governed[0], hot_c))
     fixed_gov = run(*common, governor="fixed")

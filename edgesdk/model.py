@@ -17,6 +17,7 @@ from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .errors import BackendUnavailable, BudgetExceeded, InputError
 from .placement import Candidate, Placement, Skip
+from .thermal.governor import describe
 
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
 MAX_ARRAY_ELEMENTS = 100_000_000
@@ -317,6 +318,9 @@ class Model:
         self._artifact_now = placement.artifact  # the thermal budget may switch to a lower-power one
         self._reopen_failed: set[tuple[str, int | None]] = set()
         self._lower_power = self._lower_power_artifact()
+        self._plan = None  # the governor's plan that _plan_budget was made for
+        self._plan_budget: dict = {}
+        self._paced_budget: dict = {}
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -343,7 +347,7 @@ class Model:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
             # The governor may pace (sleep), cut threads, or refuse (BudgetExceeded "thermal").
-            decision = self._apply_thermal() if self._thermal is not None else None
+            budget = self.budget if self._thermal is None else self._apply_thermal()
             t1 = time.perf_counter()
             try:
                 outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
@@ -352,35 +356,55 @@ class Model:
                                                        f"on {self.placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
-        budget = self.budget if decision is None else {**self.budget, "thermal": decision,
-                                                       "action": decision.get("action") or self.budget.get("action")}
         return Result(outputs, self.placement, timings, budget=budget, _topk=self._top)
 
     def _apply_thermal(self) -> dict:
-        """Ask the governor, and carry out what it decided (called under the lock)."""
-        decision = self._thermal.before_inference()
-        if decision.get("action") == "escalate":
-            # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
-            raise BudgetExceeded("thermal", f"the device is {decision['level']} and the governor escalates, but no "
-                                            "cloud endpoint is configured; local inference is refused",
-                                 needed=decision.get("temperature_c"))
+        """Ask the governor, and carry out what it decided (called under the lock). What a plan means for this
+        model (artifact, threads, the result's budget entry) is worked out once per plan, i.e. per sensor read."""
+        plan, paced_s, deferred_s = self._thermal.admit()
+        if plan is not self._plan:
+            if plan.escalate:
+                # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
+                raise BudgetExceeded("thermal", f"the device is {plan.level} and the governor escalates, but no "
+                                                "cloud endpoint is configured; local inference is refused",
+                                     needed=plan.temperature_c)
+            self._follow(plan)
+        if deferred_s:
+            return self._budget_entry(plan, paced_s, deferred_s)
+        # Copied from the plan's template, so that no result shares a mutable part with another (~0.2 us).
+        template = self._paced_budget if paced_s else self._plan_budget
+        budget, thermal = template.copy(), template["thermal"].copy()
+        thermal["actions"] = thermal["actions"].copy()
+        thermal["slept_ms"] = paced_s * 1e3
+        budget["thermal"] = thermal
+        return budget
+
+    def _follow(self, plan: Any) -> None:
+        """Switch artifact and threads to what ``plan`` asks for, and make the budget entries (unpaced and
+        paced) that the inferences under it copy."""
         # The governor only ever reduces threads: never above what the model was loaded with.
         cap = self._base_threads or os.cpu_count() or 1
-        wanted = decision.get("threads")
-        threads = wanted if wanted is not None and wanted < cap else self._base_threads
-        artifact = self._lower_power if decision.get("prefer") == "lower_power" else self.placement.artifact
+        threads = plan.threads if plan.threads is not None and plan.threads < cap else self._base_threads
+        artifact = self._lower_power if plan.prefer == "lower_power" else self.placement.artifact
         if (artifact, threads) != (self._artifact_now, self._threads_now) and \
                 (artifact, threads) not in self._reopen_failed:
             self._reopen(artifact, threads)  # engines fix these at load: only on a level change
-        actions = [a for a in decision.get("actions", []) if a != "threads_reduced"]
+        self._plan = plan
+        self._plan_budget = self._budget_entry(plan, 0.0, 0.0)
+        self._paced_budget = self._budget_entry(plan, 1e-9, 0.0)
+
+    def _budget_entry(self, plan: Any, paced_s: float, deferred_s: float) -> dict:
+        """The result's budget entry for one inference under ``plan``: the governor's decision, with what this
+        model did about it. A switched artifact stays the main action; pacing and deferral come before fewer
+        threads."""
+        thermal = describe(plan, paced_s, deferred_s)
+        actions = ["artifact_switched"] if self._artifact_now != self.placement.artifact else []
+        actions += [a for a in thermal["actions"] if a in ("deferred", "paced")]
         if self._threads_now != self._base_threads:
             actions.append("threads_reduced")
-        if self._artifact_now != self.placement.artifact:
-            actions.insert(0, "artifact_switched")
-        decision = {**decision, "actions": actions, "action": actions[0] if actions else None,
-                    "artifact_now": self._artifact_now}
-        decision["threads_now"] = self._threads_now
-        return decision
+        thermal.update(actions=actions, action=actions[0] if actions else None, artifact_now=self._artifact_now,
+                       threads_now=self._threads_now)
+        return {**self.budget, "thermal": thermal, "action": thermal["action"] or self.budget.get("action")}
 
     def _lower_power_artifact(self) -> str:
         """The INT8 sibling of an FP32 placement on the same engine (less work per inference), if any.

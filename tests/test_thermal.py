@@ -324,6 +324,109 @@ def test_adaptive_pacing_holds_the_simulated_device_below_hot(tmp_path):
         assert gov.state()["pacing_ms"] > 2.0
 
 
+class NoisySensor:
+    """A real sensor whose readings get seeded Gaussian noise and a 1 C resolution, as cheap SoC sensors have."""
+
+    def __init__(self, inner, noise_c: float, seed: int = 0):
+        import random
+
+        self.inner, self.noise_c, self.rng = inner, noise_c, random.Random(seed)
+
+    def read(self) -> ThermalReading:
+        reading = self.inner.read()
+        noisy = round(reading.temperature_c + self.rng.gauss(0.0, self.noise_c))
+        return ThermalReading(None, float(noisy), reading.source, reading.detail)
+
+
+@pytest.mark.parametrize("tau_s, work_s", [(2.0, 0.002), (3.0, 0.02), (20.0, 0.0002)])
+def test_adaptive_pacing_holds_fast_and_slow_noisy_devices(tmp_path, tau_s, work_s):
+    """A device that heats in seconds and one that takes a minute, read through a noisy 1 C sensor, with the work
+    per inference varying by a third: below hot, at most one level change, at least 85% of the best constant rate."""
+    import random
+
+    rng = random.Random(1)
+    clock = FakeClock()
+    limits = load_profile("raspberry-pi-5").thermal  # 70 / 78 / 82
+    with SimulatedThermalDevice(tmp_path, clock=clock, tau_s=tau_s) as device:
+        gov = ThermalGovernor(NoisySensor(LinuxThermalZones(tmp_path), 0.4), **limits, clock=clock, sleep=clock.sleep)
+        count = 0
+        while clock.t < 180.0:
+            gov.before_inference()
+            work = work_s * (1.0 + rng.uniform(-1 / 3, 1 / 3))
+            clock.t += work
+            device.record_work(work)
+            count += 1
+        best_rate = device.duty_for(limits["hot_c"]) / work_s
+        assert device.peak_c <= limits["hot_c"]
+        assert [(a, b) for _, a, b in gov.changes] == [("nominal", "warm")]
+        assert count / 180.0 >= 0.85 * best_rate
+
+
+def test_a_limit_cut_at_hot_survives_the_return_to_warm(one_zone):
+    """Regression: hot's fixed 100 ms pacing keeps the app well below the adaptive limit; the limit used to be
+    dropped as 'not binding' then, so the app came back to warm at full speed and flapped between warm and hot."""
+    clock = FakeClock()
+    gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, clock=clock,
+                          sleep=clock.sleep)
+
+    def infer_for(seconds: float, celsius: float) -> None:
+        set_temp(one_zone, celsius)
+        end = clock.t + seconds
+        while clock.t < end:
+            gov.before_inference()
+            clock.t += 0.001  # 1 ms of work: 1000/s when not paced
+
+    infer_for(1.0, 60.0)
+    infer_for(1.0, 76.0)  # warm and steady below hold_c (77): no limit yet
+    infer_for(0.6, 84.0)  # hot: cut at once, and the fixed 100 ms pacing applies
+    assert gov.level == "hot"
+    limit_at_hot = gov._rate_limit
+    assert limit_at_hot is not None and limit_at_hot <= 500.0
+    infer_for(2.0, 74.0)  # cooled: warm again; the app ran at ~10/s under hot's pacing, far below the limit
+    assert gov.level == "warm"
+    # kept, and loosened by at most 5% a read (four reads at warm): not back at full speed
+    assert gov._rate_limit is not None and gov._rate_limit <= 1.05 ** 4 * limit_at_hot * 1.001
+    assert gov.plan.interval_s >= 1.0 / (1.05 ** 4 * limit_at_hot * 1.001) > 0.001
+
+
+def test_the_limit_carries_down_to_nominal_and_is_loosened_until_it_no_longer_binds(one_zone):
+    clock = FakeClock()
+    gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, clock=clock,
+                          sleep=clock.sleep)
+    set_temp(one_zone, 60.0)
+    for celsius in (65.0, 72.0, 79.0):  # heating fast: the forecast passes hold_c, a limit appears at warm
+        set_temp(one_zone, celsius)
+        end = clock.t + 0.5
+        while clock.t < end:
+            gov.before_inference()
+            clock.t += 0.001
+    assert gov.level == "warm" and gov._rate_limit is not None
+    set_temp(one_zone, 60.0)
+    limits = []
+    for _ in range(40):
+        end = clock.t + 0.5
+        while clock.t < end:
+            decision = gov.before_inference()
+            clock.t += 0.001
+        limits.append(gov._rate_limit)
+    assert gov.level == "nominal"
+    loosening = [limit for limit in limits if limit is not None]
+    assert len(loosening) >= 2 and loosening == sorted(loosening)  # only loosened at nominal
+    assert limits[-1] is None and decision["action"] is None  # dropped once the app no longer needs it
+
+
+def test_plan_is_shared_between_reads_and_admit_reports_pacing(one_zone):
+    set_temp(one_zone, 72.0)
+    clock = FakeClock()
+    gov = governor(one_zone, clock)
+    first = gov.admit()
+    second = gov.admit()
+    assert first[0] is second[0] and first[0].level == "warm" and first[0].threads == 2
+    assert (first[1], second[1]) == (0.0, pytest.approx(0.020)) and second[2] == 0.0
+    clock.t += 0.6  # a read is due: a new plan
+    assert gov.admit()[0] is not first[0]
+
+
 def test_fixed_pacing_alone_lets_a_fast_device_pass_hot(tmp_path):
     """Why adaptive pacing is the default: with nothing slowing the heating between warm and hot, the temperature
     overshoots the hot limit before the next read and flaps between warm and hot."""
@@ -613,3 +716,37 @@ def test_hot_device_switches_a_float_model_to_int8_with_fewer_threads_and_back(d
         assert not {"artifact_switched", "threads_reduced"} & set(back.budget["thermal"]["actions"])
         assert back.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
         assert model._engine.model_path.name == "model_fp32.onnx"
+
+
+def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(digits_bundle, tmp_path):
+    """The production path: load(..., thermal=governor), then model.predict in a loop. Each call counts as 2 ms of
+    simulated work on a fake clock, so the run is deterministic whatever this machine's load."""
+    import edgesdk
+    from edgesdk import Bundle
+
+    clock = FakeClock()
+    limits = load_profile("raspberry-pi-5").thermal
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with SimulatedThermalDevice(tmp_path, clock=clock) as device:
+        gov = ThermalGovernor(LinuxThermalZones(tmp_path), **limits, max_threads=2, clock=clock, sleep=clock.sleep)
+        with edgesdk.load(digits_bundle.bundle, require="onnxruntime", artifact="onnxruntime-int8",
+                          thermal=gov) as model:
+            results, actions = [], set()
+            while clock.t < 60.0:
+                result = model.predict(x)
+                actions.add(result.budget["action"])
+                results.append(result)
+                clock.t += 0.002
+                device.record_work(0.002)
+    assert device.peak_c <= limits["hot_c"]
+    assert len(results) / 60.0 >= 0.8 * device.duty_for(limits["hot_c"]) / 0.002
+    assert [(a, b) for _, a, b in gov.changes] == [("nominal", "warm")]
+    assert "paced" in actions
+    paced = next(r for r in results if r.budget["action"] == "paced")
+    assert paced.budget["thermal"]["slept_ms"] > 0 and paced.budget["thermal"]["level"] == "warm"
+    assert paced.budget["thermal"]["actions"][0] == "paced"
+    # Results made under one plan do not share mutable parts.
+    a, b = results[-2].budget, results[-1].budget
+    assert a["thermal"] is not b["thermal"] and a["thermal"]["actions"] is not b["thermal"]["actions"]
+    a["thermal"]["actions"].append("mutated")
+    assert "mutated" not in b["thermal"]["actions"]
