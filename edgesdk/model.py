@@ -17,7 +17,7 @@ from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .errors import BackendUnavailable, BudgetExceeded, InputError
 from .placement import Candidate, Placement, Skip
-from .thermal.governor import describe
+from .thermal.serving import ThermalServing
 
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
 MAX_ARRAY_ELEMENTS = 100_000_000
@@ -219,8 +219,9 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
         try:
+            failed = {s.candidate for s in skipped}
             return Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal, cost_mb=cost,
-                         threads=threads)
+                         threads=threads, alternatives=[c for c in eligible if c not in failed])
         except BaseException:
             engine.close()
             raise
@@ -307,20 +308,14 @@ class Model:
     instance, so concurrent calls return exactly what sequential calls return."""
 
     def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
-                 thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None):
+                 thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None,
+                 alternatives: Sequence[Candidate] = ()):
         self.bundle = bundle
-        self.placement = placement
+        self.placement = placement  # where load put it; a result's placement is where it really ran
         self.budget = budget or {}
         self.cost_mb = cost_mb
-        self._thermal = thermal
-        self._base_threads = threads
-        self._threads_now = threads
-        self._artifact_now = placement.artifact  # the thermal budget may switch to a lower-power one
-        self._reopen_failed: set[tuple[str, int | None]] = set()
-        self._lower_power = self._lower_power_artifact()
-        self._plan = None  # the governor's plan that _plan_budget was made for
-        self._plan_budget: dict = {}
-        self._paced_budget: dict = {}
+        self._thermal = None if thermal is None else \
+            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives)
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess
@@ -346,96 +341,20 @@ class Model:
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
-            # The governor may pace (sleep), cut threads, or refuse (BudgetExceeded "thermal").
-            budget = self.budget if self._thermal is None else self._apply_thermal()
+            placement, budget = self.placement, self.budget
+            if self._thermal is not None:
+                # The governor may pace (sleep), cut threads, switch backend, or refuse (BudgetExceeded "thermal").
+                budget = self._thermal.admit()
+                self._engine, placement = self._thermal.engine, self._thermal.placement
             t1 = time.perf_counter()
             try:
                 outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
             except Exception as exc:  # engine errors enter the edgesdk tree here, chained
-                raise BackendUnavailable("run_failed", f"{self.placement.engine}:{self.placement.device} failed "
-                                                       f"on {self.placement.artifact}: {exc}") from exc
+                raise BackendUnavailable("run_failed", f"{placement.engine}:{placement.device} failed "
+                                                       f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
-        return Result(outputs, self.placement, timings, budget=budget, _topk=self._top)
-
-    def _apply_thermal(self) -> dict:
-        """Ask the governor, and carry out what it decided (called under the lock). What a plan means for this
-        model (artifact, threads, the result's budget entry) is worked out once per plan, i.e. per sensor read."""
-        plan, paced_s, deferred_s = self._thermal.admit()
-        if plan is not self._plan:
-            if plan.escalate:
-                # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
-                raise BudgetExceeded("thermal", f"the device is {plan.level} and the governor escalates, but no "
-                                                "cloud endpoint is configured; local inference is refused",
-                                     needed=plan.temperature_c)
-            self._follow(plan)
-        if deferred_s:
-            return self._budget_entry(plan, paced_s, deferred_s)
-        # Copied from the plan's template, so that no result shares a mutable part with another (~0.2 us).
-        template = self._paced_budget if paced_s else self._plan_budget
-        budget, thermal = template.copy(), template["thermal"].copy()
-        thermal["actions"] = thermal["actions"].copy()
-        thermal["slept_ms"] = paced_s * 1e3
-        budget["thermal"] = thermal
-        return budget
-
-    def _follow(self, plan: Any) -> None:
-        """Switch artifact and threads to what ``plan`` asks for, and make the budget entries (unpaced and
-        paced) that the inferences under it copy."""
-        # The governor only ever reduces threads: never above what the model was loaded with.
-        cap = self._base_threads or os.cpu_count() or 1
-        threads = plan.threads if plan.threads is not None and plan.threads < cap else self._base_threads
-        artifact = self._lower_power if plan.prefer == "lower_power" else self.placement.artifact
-        if (artifact, threads) != (self._artifact_now, self._threads_now) and \
-                (artifact, threads) not in self._reopen_failed:
-            self._reopen(artifact, threads)  # engines fix these at load: only on a level change
-        self._plan = plan
-        self._plan_budget = self._budget_entry(plan, 0.0, 0.0)
-        self._paced_budget = self._budget_entry(plan, 1e-9, 0.0)
-
-    def _budget_entry(self, plan: Any, paced_s: float, deferred_s: float) -> dict:
-        """The result's budget entry for one inference under ``plan``: the governor's decision, with what this
-        model did about it. A switched artifact stays the main action; pacing and deferral come before fewer
-        threads."""
-        thermal = describe(plan, paced_s, deferred_s)
-        actions = ["artifact_switched"] if self._artifact_now != self.placement.artifact else []
-        actions += [a for a in thermal["actions"] if a in ("deferred", "paced")]
-        if self._threads_now != self._base_threads:
-            actions.append("threads_reduced")
-        thermal.update(actions=actions, action=actions[0] if actions else None, artifact_now=self._artifact_now,
-                       threads_now=self._threads_now)
-        return {**self.budget, "thermal": thermal, "action": thermal["action"] or self.budget.get("action")}
-
-    def _lower_power_artifact(self) -> str:
-        """The INT8 sibling of an FP32 placement on the same engine (less work per inference), if any.
-        Computed once at load: the governor may ask for it on every inference while hot."""
-        if self.placement.precision != "int8":
-            for art in self.bundle.manifest["artifacts"]:
-                if art["engine"] == self.placement.engine and art["precision"] == "int8":
-                    return art["id"]
-        return self.placement.artifact
-
-    def _reopen(self, artifact_id: str, threads: int | None) -> None:
-        """Swap the engine for ``artifact_id`` with ``threads``; keep the old one when the new one fails
-        to load or its numerics check (the budget then simply does not claim the change)."""
-        art = self.bundle.artifact(artifact_id)
-        options = {**art.runtime, "device": self.placement.device}
-        if threads:
-            options["num_threads"] = threads
-        try:
-            fresh = open_engine(self.placement.engine, art.model_path, **options)
-        except BackendUnavailable:
-            self._reopen_failed.add((artifact_id, threads))  # not retried on every inference
-            return
-        if artifact_id != self._artifact_now:
-            try:
-                numerics.check(fresh, self.bundle, artifact_id)
-            except BackendUnavailable:
-                fresh.close()
-                self._reopen_failed.add((artifact_id, threads))
-                return
-        self._engine.close()
-        self._engine, self._artifact_now, self._threads_now = fresh, artifact_id, threads
+        return Result(outputs, placement, timings, budget=budget, _topk=self._top)
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict each input in turn (artifacts are compiled for batch 1)."""

@@ -750,3 +750,103 @@ def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(
     assert a["thermal"] is not b["thermal"] and a["thermal"]["actions"] is not b["thermal"]["actions"]
     a["thermal"]["actions"].append("mutated")
     assert "mutated" not in b["thermal"]["actions"]
+
+
+# -- lower-power backend at hot ------------------------------------------------------------------------------
+
+def test_lower_power_ranks_by_the_max_efficiency_order():
+    from edgesdk.placement import Candidate
+    from edgesdk.thermal.serving import lower_power
+
+    cpu32 = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-fp32", "fp32")
+    cpu8 = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-int8", "int8")
+    lite8 = Candidate("litert", "CPU", "CPU", "litert-int8", "int8")
+    gpu16 = Candidate("litert", "GPU", "GPU", "litert-fp16", "fp16")
+    npu32 = Candidate("fake-npu", "NPU", "NPU", "onnxruntime-fp32", "fp32")
+    npu8 = Candidate("fake-npu", "NPU", "NPU", "onnxruntime-int8", "int8")
+    assert lower_power(cpu32, [cpu32, lite8, cpu8]) == cpu8  # a tie keeps the engine
+    lite32 = Candidate("litert", "CPU", "CPU", "litert-fp32", "fp32")
+    ov8 = Candidate("openvino", "CPU", "CPU", "openvino-int8", "int8")
+    assert lower_power(lite32, [ov8, lite8]) == lite8
+    assert lower_power(cpu32, [ov8, lite8]) == ov8  # then the policy's order
+    assert lower_power(cpu32, [cpu8, npu32, npu8]) == npu8
+    assert lower_power(cpu8, [cpu32, lite8]) is None  # nothing ranks below: stay
+    assert lower_power(gpu16, [cpu32]) == cpu32  # a GPU draws more per inference than the CPU
+    assert lower_power(npu8, [cpu8, npu32]) is None
+
+
+@pytest.fixture
+def fake_npu():
+    """The fake NPU (hardware this machine lacks; computes with onnxruntime on the CPU), for one test."""
+    from edgesdk.engines import register_backend, unregister_backend
+    from fakes import NAME, FakeNPUEngine
+
+    register_backend(NAME, FakeNPUEngine)
+    yield FakeNPUEngine
+    FakeNPUEngine.broken = False
+    unregister_backend(NAME)
+
+
+def hot_zone(tmp_path: Path) -> Path:
+    root = tmp_path / "sys"
+    zone(root, 0, "cpu-thermal", 40000)
+    return root
+
+
+def test_hot_moves_a_cpu_model_to_the_npu_and_back(digits_bundle, tmp_path, fake_npu):
+    import edgesdk
+    from edgesdk import Bundle
+
+    root = hot_zone(tmp_path)
+    gov = ThermalGovernor(LinuxThermalZones(root), warm_c=70, hot_c=78, critical_c=90, min_read_interval_s=0.0,
+                          max_threads=2, sleep=lambda s: None)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    # An explicit engine goes first; the other candidates (the fake NPU among them) stay as alternatives.
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8", thermal=gov) as model:
+        cool = model.predict(x)
+        assert cool.placement.kind == "CPU" and cool.placement.engine == "onnxruntime"
+        assert cool.budget["thermal"]["backend_now"] == "onnxruntime:CPUExecutionProvider:onnxruntime-int8"
+
+        set_temp(root, 80.0)
+        hot = model.predict(x)
+        assert hot.budget["action"] == "artifact_switched"
+        assert hot.placement.engine == "fake-npu" and hot.placement.kind == "NPU"
+        assert hot.placement.executing == ["NPU"] and hot.placement.numerics["checked"]
+        assert hot.budget["thermal"]["backend_now"].startswith("fake-npu:NPU:")
+        assert model.placement.engine == "onnxruntime"  # where load put it: unchanged
+        assert int(hot.outputs[0].argmax()) == int(cool.outputs[0].argmax())
+
+        set_temp(root, 40.0)
+        back = model.predict(x)
+        assert back.placement.engine == "onnxruntime" and back.placement.kind == "CPU"
+        assert "artifact_switched" not in back.budget["thermal"]["actions"]
+
+
+def test_a_lower_power_backend_that_fails_its_numerics_is_not_used(digits_bundle, tmp_path, fake_npu):
+    import edgesdk
+    from edgesdk import Bundle
+
+    root = hot_zone(tmp_path)
+    gov = ThermalGovernor(LinuxThermalZones(root), warm_c=70, hot_c=78, critical_c=90, min_read_interval_s=0.0,
+                          max_threads=2, sleep=lambda s: None)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8", thermal=gov) as model:
+        model.predict(x)
+        fake_npu.broken = True  # the NPU delegate now returns wrong numbers
+        set_temp(root, 80.0)
+        opened = []
+        real_init = fake_npu.__init__
+
+        def counting_init(self, *args, **kwargs):
+            opened.append(1)
+            real_init(self, *args, **kwargs)
+
+        fake_npu.__init__ = counting_init
+        try:
+            results = [model.predict(x) for _ in range(5)]
+        finally:
+            fake_npu.__init__ = real_init
+        assert all(r.placement.engine == "onnxruntime" for r in results)
+        assert all("artifact_switched" not in r.budget["thermal"]["actions"] for r in results)
+        assert results[0].budget["thermal"]["level"] == "hot"
+        assert len(opened) == 1  # tried once, not on every inference

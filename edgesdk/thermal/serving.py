@@ -1,0 +1,147 @@
+"""How a loaded model carries out the thermal governor's plan: which backend and thread count serve the next
+inference, and what its result's budget entry says.
+
+At load the runtime hands over the candidates it may serve from (the policy's order, ``require`` met, none that
+failed at load). The lower-power one is the first in the ``max-efficiency`` order (NPU, then CPU, then GPU; INT8
+before FP32 within a kind) that ranks below the loaded placement: a CPU FP32 placement moves to an NPU when one
+serves the bundle, else to an INT8 artifact (on the same engine when it has one); a GPU placement to an NPU or the
+CPU. A plan that says ``prefer: lower_power`` (hot, by default) switches to it; a plan that does not switches
+back. Engines fix their device, artifact and threads at load, so a switch reopens the engine, once per plan (i.e.
+per sensor read that changes it), never per inference; a backend that fails to open or fails its numerics check
+is not used, and not tried again at that thread count.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, Sequence
+
+from .. import numerics
+from ..engines import Engine, open_engine
+from ..errors import BackendUnavailable, BudgetExceeded
+from ..placement import Candidate, Placement
+from .governor import Plan, describe
+
+KIND_POWER = ("NPU", "CPU", "GPU")  # the max-efficiency policy's order: a phone GPU draws the most per inference
+PRECISION_POWER = ("int8", "fp16", "fp32")
+
+
+def power_rank(c: Candidate | Placement) -> tuple[int, int]:
+    """Lower is less power per inference: by device kind, then precision."""
+    kind = KIND_POWER.index(c.kind) if c.kind in KIND_POWER else len(KIND_POWER)
+    precision = PRECISION_POWER.index(c.precision) if c.precision in PRECISION_POWER else len(PRECISION_POWER)
+    return kind, precision
+
+
+def lower_power(current: Candidate, alternatives: Sequence[Candidate]) -> Candidate | None:
+    """The lowest-power alternative that ranks below ``current``, or None. Ties go to the same engine and
+    device as ``current`` (an FP32 placement keeps its engine for the INT8 sibling), then to the earlier one
+    (the policy's preference)."""
+    lower = [c for c in alternatives if power_rank(c) < power_rank(current)]
+    same = (current.engine, current.device)
+    return min(lower, key=lambda c: (power_rank(c), (c.engine, c.device) != same)) if lower else None
+
+
+class ThermalServing:
+    """The thermal side of one :class:`~edgesdk.Model`: call :meth:`admit` under the model's lock before each
+    inference; it returns the engine to run on, the placement to report and the result's budget entry."""
+
+    def __init__(self, governor: Any, bundle: Any, engine: Engine, placement: Placement, budget: dict,
+                 threads: int | None, alternatives: Sequence[Candidate] = ()):
+        self.governor = governor
+        self._bundle = bundle
+        self._budget = budget
+        self._home = _candidate(placement)
+        self._home_placement = placement
+        self._lower = lower_power(self._home, [c for c in alternatives if c != self._home])
+        self._base_threads = threads
+        self.engine, self.placement = engine, placement
+        self._now, self._threads_now = self._home, threads
+        self._failed: set[tuple[Candidate, int | None]] = set()
+        self._plan: Plan | None = None
+        self._entries: tuple[dict, dict] = ({}, {})  # unpaced, paced
+
+    @property
+    def lower_power(self) -> Candidate | None:
+        """Where ``prefer: lower_power`` moves this model (None: it already runs on the lowest-power choice)."""
+        return self._lower
+
+    def admit(self) -> dict:
+        """Ask the governor (it may sleep, or raise :class:`BudgetExceeded`), follow a new plan, and return the
+        budget entry for this inference. Afterwards ``engine`` and ``placement`` are what serves it."""
+        plan, paced_s, deferred_s = self.governor.admit()
+        if plan is not self._plan:
+            if plan.escalate:
+                # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
+                raise BudgetExceeded("thermal", f"the device is {plan.level} and the governor escalates, but no "
+                                                "cloud endpoint is configured; local inference is refused",
+                                     needed=plan.temperature_c)
+            self._follow(plan)
+        if deferred_s:
+            return self._entry(plan, paced_s, deferred_s)
+        # Copied from the plan's template, so that no result shares a mutable part with another (~0.2 us).
+        template = self._entries[1] if paced_s else self._entries[0]
+        budget, thermal = template.copy(), template["thermal"].copy()
+        thermal["actions"] = thermal["actions"].copy()
+        thermal["slept_ms"] = paced_s * 1e3
+        budget["thermal"] = thermal
+        return budget
+
+    def _follow(self, plan: Plan) -> None:
+        # The governor only ever reduces threads: never above what the model was loaded with.
+        cap = self._base_threads or os.cpu_count() or 1
+        threads = plan.threads if plan.threads is not None and plan.threads < cap else self._base_threads
+        target = self._lower if plan.prefer == "lower_power" and self._lower is not None else self._home
+        if (target, threads) != (self._now, self._threads_now) and (target, threads) not in self._failed:
+            self._reopen(target, threads)
+        self._plan = plan
+        self._entries = (self._entry(plan, 0.0, 0.0), self._entry(plan, 1e-9, 0.0))
+
+    def _reopen(self, target: Candidate, threads: int | None) -> None:
+        """Swap the engine for ``target`` with ``threads``; keep the old one when the new one fails to load or
+        its numerics check (the budget then simply does not claim the change)."""
+        art = self._bundle.artifact(target.artifact)
+        options = {**art.runtime, "device": target.device}
+        if threads:
+            options["num_threads"] = threads
+        try:
+            fresh = open_engine(target.engine, art.model_path, **options)
+        except BackendUnavailable:
+            self._failed.add((target, threads))  # not retried on every inference
+            return
+        check = self.placement.numerics
+        if target != self._now:
+            try:
+                check = numerics.check(fresh, self._bundle, target.artifact)
+            except BackendUnavailable:
+                fresh.close()
+                self._failed.add((target, threads))
+                return
+        self.engine.close()
+        self.engine, self._now, self._threads_now = fresh, target, threads
+        self.placement = replace(self._home_placement, engine=target.engine, device=target.device, kind=target.kind,
+                                 artifact=target.artifact, precision=target.precision, executing=fresh.executing,
+                                 effective_precision=fresh.effective_precision,
+                                 fully_accelerated=fresh.fully_accelerated, numerics=check)
+
+    def _entry(self, plan: Plan, paced_s: float, deferred_s: float) -> dict:
+        """The result's budget entry for one inference under ``plan``: the governor's decision, with what this
+        model did about it. A switch of artifact or backend is the main action; pacing and deferral come
+        before fewer threads."""
+        thermal = describe(plan, paced_s, deferred_s)
+        switched = self._now != self._home
+        actions = ["artifact_switched"] if switched else []
+        actions += [a for a in thermal["actions"] if a in ("deferred", "paced")]
+        if self._threads_now != self._base_threads:
+            actions.append("threads_reduced")
+        thermal.update(actions=actions, action=actions[0] if actions else None, artifact_now=self._now.artifact,
+                       backend_now=self._now.label(), threads_now=self._threads_now)
+        return {**self._budget, "thermal": thermal, "action": thermal["action"] or self._budget.get("action")}
+
+
+def _candidate(p: Placement) -> Candidate:
+    return Candidate(p.engine, p.device, p.kind, p.artifact, p.precision)
+
+
+__all__ = ["ThermalServing", "lower_power", "power_rank"]
