@@ -850,3 +850,23 @@ def test_a_lower_power_backend_that_fails_its_numerics_is_not_used(digits_bundle
         assert all("artifact_switched" not in r.budget["thermal"]["actions"] for r in results)
         assert results[0].budget["thermal"]["level"] == "hot"
         assert len(opened) == 1  # tried once, not on every inference
+
+
+def test_edge_tpu_sensor_reads_the_hottest_tpu_and_its_trip_points(tmp_path):
+    from edgesdk.thermal import EdgeTpuTemperature
+
+    for name, temp in (("apex_0", "61250"), ("apex_1", "84800"), ("apex_2", "garbage")):
+        chip = tmp_path / "class" / "apex" / name
+        chip.mkdir(parents=True)
+        (chip / "temp").write_text(temp + "\n")
+        for i, trip in enumerate((85000, 90000, 95000)):
+            (chip / f"trip_point{i}_temp").write_text(f"{trip}\n")
+    sensor = EdgeTpuTemperature(tmp_path)
+    reading = sensor.read()
+    assert reading.temperature_c == 84.8 and reading.detail["hottest"] == "apex_1"
+    assert reading.detail["tpus"]["apex_0"] == {"temperature_c": 61.25, "trip_points_c": [85.0, 90.0, 95.0]}
+    assert "apex_2" in reading.detail["skipped"] and reading.source.endswith("(3 TPUs)")
+    gov = ThermalGovernor.from_profile(sensor, load_profile("google-coral"))
+    assert gov.poll() == "warm"  # 84.8 C: below the driver's first clock step (hot, 85 C)
+    with pytest.raises(InputError, match=r"no Edge TPU under .*class/apex"):
+        EdgeTpuTemperature(tmp_path / "empty")

@@ -1,16 +1,17 @@
-"""The thermal budget: how hot the device is (:mod:`.sensors`), and what the next inference does about it
-(:mod:`.governor`).
+"""The thermal budget: how hot the device is (:mod:`.sensors`), what the next inference does about it
+(:mod:`.governor`), and how a loaded model carries that out (:mod:`.serving`).
 
 Sensors (anything with ``read() -> ThermalReading``): :class:`LinuxThermalZones` (sysfs, with a configurable
-root), :class:`RaspberryPiThrottled` (``vcgencmd get_throttled``) and :class:`PushedThermalState` (what the host
-app pushes from Android or Apple APIs). :class:`ThermalGovernor` turns readings into a level (:data:`LEVELS`) and
-a level into an action (:class:`ThermalActions`): fewer threads, pacing, a lower-power backend, and at critical
-refuse, defer or escalate.
+root), :class:`EdgeTpuTemperature` (a Coral's own sensor), :class:`RaspberryPiThrottled` (``vcgencmd
+get_throttled``) and :class:`PushedThermalState` (what the host app pushes from Android or Apple APIs).
+:class:`ThermalGovernor` turns readings into a level (:data:`LEVELS`) and a level into an action
+(:class:`ThermalActions`): fewer threads, pacing, a lower-power backend, and at critical refuse, defer or escalate.
 """
 
 from .governor import CRITICAL_MODES, Plan, ThermalActions, ThermalGovernor
-from .sensors import (LEVELS, LinuxThermalZones, PushedThermalState, RaspberryPiThrottled, ThermalReading,
-                      ThermalSensor)
+from .sensors import (LEVELS, EdgeTpuTemperature, LinuxThermalZones, PushedThermalState, RaspberryPiThrottled,
+                      ThermalReading, ThermalSensor)
 
-__all__ = ["LEVELS", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "RaspberryPiThrottled",
-           "PushedThermalState", "ThermalActions", "ThermalGovernor", "Plan", "CRITICAL_MODES"]
+__all__ = ["LEVELS", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "EdgeTpuTemperature",
+           "RaspberryPiThrottled", "PushedThermalState", "ThermalActions", "ThermalGovernor", "Plan",
+           "CRITICAL_MODES"]

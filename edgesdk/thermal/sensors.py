@@ -2,6 +2,7 @@
 
 - :class:`LinuxThermalZones`: ``<root>/class/thermal/thermal_zone*/{type,temp}``; ``root`` is ``/sys`` on a
   device, a fake tree in tests, the tree of :class:`~edgesdk.simulated_device.SimulatedThermalDevice` in benchmarks.
+- :class:`EdgeTpuTemperature`: a Coral Edge TPU's own sensor, ``<root>/class/apex/apex_*/temp``.
 - :class:`RaspberryPiThrottled`: the firmware's own throttling flags (``vcgencmd get_throttled``) and temperature.
 - :class:`PushedThermalState`: what the host app pushes from the platform APIs Python cannot call (Android thermal
   status and headroom, Apple ``ProcessInfo.thermalState``).
@@ -104,6 +105,38 @@ def _read_text(path: Path) -> str | None:
         return path.read_text().strip()
     except OSError:
         return None
+
+
+class EdgeTpuTemperature:
+    """The hottest Edge TPU (Coral PCIe / M.2 / Dev Board) under ``root``, a directory laid out like ``/sys``:
+    ``<root>/class/apex/apex_*/temp``, millidegrees C, written by the ``apex`` driver, which also throttles the
+    TPU's clock at its own trip points (``trip_point0..2_temp``, reported in ``detail``). Raises
+    :class:`InputError` when ``root`` holds no Edge TPU; a TPU whose ``temp`` cannot be read is skipped."""
+
+    def __init__(self, root: str | Path = "/sys"):
+        self.root = Path(root)
+        base = self.root / "class" / "apex"
+        self._chips = tuple(sorted(base.glob("apex_*")))
+        if not self._chips:
+            raise InputError(f"no Edge TPU under {base} (expected {base}/apex_*/temp from the apex driver); the "
+                             f"root {self.root} must be laid out like /sys")
+        self.source = f"apex:{base} ({len(self._chips)} TPU{'' if len(self._chips) == 1 else 's'})"
+
+    def read(self) -> ThermalReading:
+        chips: dict[str, dict] = {}
+        skipped: dict[str, str] = {}
+        for chip in self._chips:
+            try:
+                chips[chip.name] = {"temperature_c": int((chip / "temp").read_text().strip()) / 1000.0}
+            except (OSError, ValueError) as exc:
+                skipped[chip.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            trips = [_read_text(chip / f"trip_point{i}_temp") for i in range(3)]
+            if all(t is not None and t.lstrip("-").isdigit() for t in trips):
+                chips[chip.name]["trip_points_c"] = [int(t) / 1000.0 for t in trips]
+        hottest = max(chips, key=lambda c: chips[c]["temperature_c"], default=None)
+        return ThermalReading(None, chips[hottest]["temperature_c"] if hottest else None, self.source,
+                              {"tpus": chips, "skipped": skipped, "hottest": hottest})
 
 
 # -- Raspberry Pi ------------------------------------------------------------------------------------------
@@ -247,5 +280,5 @@ class PushedThermalState:
         return ThermalReading(hint, None, "+".join(sources) or "pushed (nothing pushed yet)", detail)
 
 
-__all__ = ["LEVELS", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "RaspberryPiThrottled",
-           "PushedThermalState"]
+__all__ = ["LEVELS", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "EdgeTpuTemperature",
+           "RaspberryPiThrottled", "PushedThermalState"]
