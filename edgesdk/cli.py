@@ -223,8 +223,8 @@ def run(
                 rows.append({"input": str(p), "source": None, "top": [],
                              "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
             else:
-                rows.append({"input": str(p), "source": r.source, "top": [t._asdict() for t in r.top],
-                             "timings_ms": r.timings_ms, "budget": r.budget})
+                rows.append({"input": str(p), "source": r.source, "backend": _backend(r.placement),
+                             "top": [t._asdict() for t in r.top], "timings_ms": r.timings_ms, "budget": r.budget})
         state = {"memory": model.budget.get("memory"), "thermal": governor.state() if governor else None}
         print(json.dumps({"placement": model.placement.to_dict(), "budget": state, "results": rows},
                          indent=2, default=str))
@@ -248,9 +248,14 @@ def run(
             continue
         top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
         action = r.budget.get("action")
-        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms{', ' + action if action else ''}]")
+        moved = f", on {_backend(r.placement)}" if _backend(r.placement) != _backend(pl) else ""
+        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms{', ' + action if action else ''}{moved}]")
     if refused:
         raise typer.Exit(3)
+
+
+def _backend(placement) -> str:
+    return f"{placement.engine}:{placement.device}:{placement.artifact}"
 
 
 def _governor(root: Path, profile: Optional[str]):

@@ -81,3 +81,18 @@ def test_devices_shows_thermal_level_and_memory_headroom(tmp_path):
     assert out["memory"]["available_mb"] > 0 and out["memory"]["limit_mb"] >= out["memory"]["available_mb"]
     text = _run("devices", "--thermal-root", str(root)).stdout
     assert "thermal: " in text and "72.5 C" in text and "memory: " in text
+
+
+def test_run_when_hot_serves_from_the_lower_power_artifact_and_says_where(digits_bundle, image, tmp_path):
+    root = _zone(tmp_path / "sys", 80.0)  # hot for raspberry-pi-5 (hot 78, critical 82)
+    args = ("run", str(digits_bundle.bundle), str(image), "--thermal-root", str(root), "--profile", "raspberry-pi-5",
+            "--require", "onnxruntime", "--artifact", "onnxruntime-fp32")
+    proc = _run(*args, "--json")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    out = json.loads(proc.stdout)
+    result = out["results"][0]
+    assert out["placement"]["artifact"] == "onnxruntime-fp32"  # where load put it
+    assert result["backend"].endswith(":onnxruntime-int8") and result["budget"]["action"] == "artifact_switched"
+    assert result["budget"]["thermal"]["level"] == "hot" and result["top"][0]["label"] == "7"
+    text = _run(*args).stdout
+    assert "artifact_switched, on onnxruntime:" in text and "onnxruntime-int8]" in text
