@@ -147,7 +147,7 @@ def main() -> None:
     limits = profile.thermal
     hot_c = limits["hot_c"]
     model = edgesdk.load(bundle, policy="cpu-only", threads=args.threads or None)
-    placement = {"engine": model.placement.engine, "device": model.placement.device,
+    placement = {"policy": "cpu-only", "require": model.placement.engine, "device": model.placement.device,
                  "artifact": model.placement.artifact, "check_numerics": False}
     x = model_input(bundle)
     one = predict_s(model, x)

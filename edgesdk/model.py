@@ -219,9 +219,13 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
             profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
         try:
-            failed = {s.candidate for s in skipped}
+            alternatives = []
+            if opts.budgets.thermal is not None:  # where a hot device may move it
+                failed = {s.candidate for s in skipped} | {cand}
+                alternatives = _fitting([c for c in eligible if c not in failed], bundle, costs, limit,
+                                        in_use_mb(), cand)
             return Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal, cost_mb=cost,
-                         threads=threads, alternatives=[c for c in eligible if c not in failed])
+                         threads=threads, alternatives=alternatives, check_numerics=opts.check_numerics)
         except BaseException:
             engine.close()
             raise
@@ -237,6 +241,27 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     raise BackendUnavailable(first.reason if first else "no_candidate",
                              f"no backend can serve {bundle.name!r}"
                              f"{' under require=' + repr(opts.require) if opts.require else ''}: {detail}")
+
+
+def _fitting(cands: list[Candidate], bundle: Bundle, costs: memory.CostBook, limit: memory.MemoryLimit,
+             in_use: float, loaded: Candidate) -> list[Candidate]:
+    """The candidates a loaded model may switch to without breaking the memory limit. On the loaded engine (its
+    runtime is in memory already) an artifact whose files are no larger than the loaded one's; on another, one
+    whose expected cost fits beside what is in use now (both engines live for a moment during the switch)."""
+    def file_bytes(artifact: str) -> int:
+        return sum(f["bytes"] for f in bundle.artifact(artifact).entry["files"])
+
+    fitting = []
+    for c in cands:
+        if c.engine == loaded.engine:
+            if file_bytes(c.artifact) <= file_bytes(loaded.artifact):
+                fitting.append(c)
+            continue
+        files = bundle.artifact(c.artifact).entry["files"]
+        key = memory.CostBook.key(files[0]["sha256"], c.engine, c.device)
+        if costs.expected_mb(key, file_bytes(c.artifact), c.engine)[0] <= limit.limit_mb - in_use:
+            fitting.append(c)
+    return fitting
 
 
 def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool) -> tuple[Engine, dict]:
@@ -309,13 +334,13 @@ class Model:
 
     def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
                  thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None,
-                 alternatives: Sequence[Candidate] = ()):
+                 alternatives: Sequence[Candidate] = (), check_numerics: bool = True):
         self.bundle = bundle
         self.placement = placement  # where load put it; a result's placement is where it really ran
         self.budget = budget or {}
         self.cost_mb = cost_mb
         self._thermal = None if thermal is None else \
-            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives)
+            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives, check_numerics)
         self._engine = engine
         self._lock = threading.Lock()
         self._pre = bundle.preprocess

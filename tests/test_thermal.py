@@ -389,21 +389,27 @@ def test_a_limit_cut_at_hot_survives_the_return_to_warm(one_zone):
     assert gov.plan.interval_s >= 1.0 / (1.05 ** 4 * limit_at_hot * 1.001) > 0.001
 
 
-def test_the_limit_carries_down_to_nominal_and_is_loosened_until_it_no_longer_binds(one_zone):
+def heat_to_a_limit(one_zone) -> tuple[ThermalGovernor, FakeClock]:
+    """A governor whose temperature rose fast to 79 C (warm; hot is 80), so that it set a rate limit."""
     clock = FakeClock()
     gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, clock=clock,
                           sleep=clock.sleep)
     set_temp(one_zone, 60.0)
-    for celsius in (65.0, 72.0, 79.0):  # heating fast: the forecast passes hold_c, a limit appears at warm
+    for celsius in (60.0, 65.0, 72.0, 79.0):
         set_temp(one_zone, celsius)
         end = clock.t + 0.5
         while clock.t < end:
             gov.before_inference()
             clock.t += 0.001
     assert gov.level == "warm" and gov._rate_limit is not None
-    set_temp(one_zone, 60.0)
+    return gov, clock
+
+
+def test_the_limit_carries_down_to_nominal_and_is_loosened_until_it_no_longer_binds(one_zone):
+    gov, clock = heat_to_a_limit(one_zone)
+    set_temp(one_zone, 66.0)  # nominal (below 70 - 3), but not clearly cool (above 70 - 2 x 3)
     limits = []
-    for _ in range(40):
+    for _ in range(60):
         end = clock.t + 0.5
         while clock.t < end:
             decision = gov.before_inference()
@@ -413,6 +419,65 @@ def test_the_limit_carries_down_to_nominal_and_is_loosened_until_it_no_longer_bi
     loosening = [limit for limit in limits if limit is not None]
     assert len(loosening) >= 2 and loosening == sorted(loosening)  # only loosened at nominal
     assert limits[-1] is None and decision["action"] is None  # dropped once the app no longer needs it
+
+
+def test_a_carried_limit_is_dropped_once_clearly_cool_or_idle(one_zone):
+    gov, clock = heat_to_a_limit(one_zone)
+    set_temp(one_zone, 62.0)  # more than two hysteresis steps below warm
+    for _ in range(2):
+        clock.t += 0.5
+        gov.before_inference()
+    assert gov.level == "nominal" and gov._rate_limit is None
+
+    gov, clock = heat_to_a_limit(one_zone)
+    set_temp(one_zone, 76.0)  # still warm, forecast below hold_c (77): the app just stops for a while
+    for _ in range(12):
+        clock.t += 0.5
+        gov.poll()
+    assert gov._rate_limit is None  # an idle app is not held back by anything
+    assert gov.before_inference()["slept_ms"] == 0.0
+
+
+def test_hot_fixed_pacing_does_not_wind_the_limit_down(one_zone):
+    """Regression: at hot the 100 ms fixed pacing holds the app; cutting the adaptive limit every read then had
+    no effect but wound it down until fewer than two inferences started per read, and it stuck there for good."""
+    gov, clock = heat_to_a_limit(one_zone)
+    set_temp(one_zone, 82.0)
+    end = clock.t + 30.0
+    while clock.t < end:
+        gov.before_inference()
+        clock.t += 0.001
+    assert gov.level == "hot"
+    at_hot = gov._rate_limit
+    assert at_hot is not None and at_hot > 100.0  # halved on entering hot, then left alone: not ~2/s
+    set_temp(one_zone, 60.0)
+    count, end = 0, clock.t + 10.0
+    while clock.t < end:
+        gov.before_inference()
+        clock.t += 0.001
+        count += 1
+    assert gov.level == "nominal" and gov._rate_limit is None and count > 9000  # back to full speed
+
+
+def test_a_cut_follows_the_first_order_model(one_zone):
+    """The limit is scaled so that the forecast would land on hold_c, taking the rise above the coolest temperature
+    as proportional to the rate: 40 C idle, hold 77 C, forecast 77 + 37 = 114 C -> half the rate."""
+    clock = FakeClock()
+    gov = ThermalGovernor(LinuxThermalZones(one_zone), warm_c=70, hot_c=80, critical_c=90, clock=clock,
+                          sleep=clock.sleep)
+    for celsius in (40.0, 40.0, 40.0):
+        set_temp(one_zone, celsius)
+        clock.t += 0.5
+        gov.poll()
+    assert gov._coolest == 40.0
+    set_temp(one_zone, 71.0)  # warm; the slope alone is 62 C/s: the forecast is far above hold_c
+    assert gov._scale(77.0 + 37.0) == pytest.approx(0.5)
+    assert gov._scale(77.0 + 3.7) == pytest.approx(37.0 / 40.7)
+    assert gov._scale(77.0 - 10.0) == pytest.approx(1.05)  # loosening is capped at 5% a read
+    set_temp(one_zone, 25.0)  # one low glitch does not move the idle estimate (median of three reads)
+    clock.t += 0.5
+    gov.poll()
+    assert gov._coolest == 40.0
 
 
 def test_plan_is_shared_between_reads_and_admit_reports_pacing(one_zone):
@@ -754,7 +819,7 @@ def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(
 
 # -- lower-power backend at hot ------------------------------------------------------------------------------
 
-def test_lower_power_ranks_by_the_max_efficiency_order():
+def test_lower_power_is_an_npu_or_a_lower_precision_on_the_same_kind():
     from edgesdk.placement import Candidate
     from edgesdk.thermal.serving import lower_power
 
@@ -771,7 +836,11 @@ def test_lower_power_ranks_by_the_max_efficiency_order():
     assert lower_power(cpu32, [ov8, lite8]) == ov8  # then the policy's order
     assert lower_power(cpu32, [cpu8, npu32, npu8]) == npu8
     assert lower_power(cpu8, [cpu32, lite8]) is None  # nothing ranks below: stay
-    assert lower_power(gpu16, [cpu32]) == cpu32  # a GPU draws more per inference than the CPU
+    assert lower_power(gpu16, [cpu32, cpu8]) is None  # CPU and GPU are not traded: which draws less depends
+    assert lower_power(cpu8, [gpu16]) is None
+    gpu8 = Candidate("litert", "GPU", "GPU", "litert-int8", "int8")
+    assert lower_power(gpu16, [cpu8, gpu8, npu32]) == npu32  # an NPU first, then a lower precision
+    assert lower_power(gpu16, [cpu8, gpu8]) == gpu8
     assert lower_power(npu8, [cpu8, npu32]) is None
 
 
@@ -793,63 +862,141 @@ def hot_zone(tmp_path: Path) -> Path:
     return root
 
 
-def test_hot_moves_a_cpu_model_to_the_npu_and_back(digits_bundle, tmp_path, fake_npu):
+@pytest.fixture
+def engine_log(monkeypatch, fake_npu):
+    """Counts fake-NPU opens and closes and numerics checks, by engine and artifact."""
+    from edgesdk import numerics
+
+    log = {"opened": 0, "closed": 0, "checked": []}
+    real_init, real_close, real_check = fake_npu.__init__, fake_npu.close, numerics.check
+
+    def init(self, *args, **kwargs):
+        log["opened"] += 1
+        real_init(self, *args, **kwargs)
+
+    def close(self):
+        log["closed"] += 1
+        real_close(self)
+
+    def check(engine, bundle, artifact_id):
+        log["checked"].append((type(engine).__name__, artifact_id))
+        return real_check(engine, bundle, artifact_id)
+
+    monkeypatch.setattr(fake_npu, "__init__", init)
+    monkeypatch.setattr(fake_npu, "close", close)
+    monkeypatch.setattr(numerics, "check", check)
+    return log
+
+
+def hot_governor(root: Path) -> ThermalGovernor:
+    return ThermalGovernor(LinuxThermalZones(root), warm_c=70, hot_c=78, critical_c=90, min_read_interval_s=0.0,
+                           max_threads=2, sleep=lambda s: None)
+
+
+def test_hot_moves_a_cpu_model_to_the_npu_and_back(digits_bundle, tmp_path, engine_log):
     import edgesdk
     from edgesdk import Bundle
 
     root = hot_zone(tmp_path)
-    gov = ThermalGovernor(LinuxThermalZones(root), warm_c=70, hot_c=78, critical_c=90, min_read_interval_s=0.0,
-                          max_threads=2, sleep=lambda s: None)
     x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
     # An explicit engine goes first; the other candidates (the fake NPU among them) stay as alternatives.
-    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8", thermal=gov) as model:
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8",
+                      thermal=hot_governor(root)) as model:
         cool = model.predict(x)
         assert cool.placement.kind == "CPU" and cool.placement.engine == "onnxruntime"
         assert cool.budget["thermal"]["backend_now"] == "onnxruntime:CPUExecutionProvider:onnxruntime-int8"
+        checks_at_load = len(engine_log["checked"])
 
         set_temp(root, 80.0)
         hot = model.predict(x)
         assert hot.budget["action"] == "artifact_switched"
         assert hot.placement.engine == "fake-npu" and hot.placement.kind == "NPU"
         assert hot.placement.executing == ["NPU"] and hot.placement.numerics["checked"]
+        assert engine_log["checked"][checks_at_load:] == [("FakeNPUEngine", "onnxruntime-int8")]  # checked there
         assert hot.budget["thermal"]["backend_now"].startswith("fake-npu:NPU:")
         assert model.placement.engine == "onnxruntime"  # where load put it: unchanged
         assert int(hot.outputs[0].argmax()) == int(cool.outputs[0].argmax())
+        # Results do not share their budget entries, the memory part included.
+        again = model.predict(x)
+        assert again.budget["memory"] == hot.budget["memory"] and again.budget["memory"] is not hot.budget["memory"]
+        assert again.budget["memory"] is not model.budget["memory"]
 
         set_temp(root, 40.0)
         back = model.predict(x)
         assert back.placement.engine == "onnxruntime" and back.placement.kind == "CPU"
         assert "artifact_switched" not in back.budget["thermal"]["actions"]
+        assert engine_log["opened"] == engine_log["closed"] == 1  # the NPU engine was closed on the way back
 
 
-def test_a_lower_power_backend_that_fails_its_numerics_is_not_used(digits_bundle, tmp_path, fake_npu):
+def test_a_lower_power_backend_that_fails_its_numerics_is_not_used(digits_bundle, tmp_path, fake_npu, engine_log):
     import edgesdk
     from edgesdk import Bundle
 
     root = hot_zone(tmp_path)
-    gov = ThermalGovernor(LinuxThermalZones(root), warm_c=70, hot_c=78, critical_c=90, min_read_interval_s=0.0,
-                          max_threads=2, sleep=lambda s: None)
     x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
-    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8", thermal=gov) as model:
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8",
+                      thermal=hot_governor(root)) as model:
         model.predict(x)
         fake_npu.broken = True  # the NPU delegate now returns wrong numbers
         set_temp(root, 80.0)
-        opened = []
-        real_init = fake_npu.__init__
-
-        def counting_init(self, *args, **kwargs):
-            opened.append(1)
-            real_init(self, *args, **kwargs)
-
-        fake_npu.__init__ = counting_init
-        try:
-            results = [model.predict(x) for _ in range(5)]
-        finally:
-            fake_npu.__init__ = real_init
+        results = [model.predict(x) for _ in range(5)]
         assert all(r.placement.engine == "onnxruntime" for r in results)
         assert all("artifact_switched" not in r.budget["thermal"]["actions"] for r in results)
         assert results[0].budget["thermal"]["level"] == "hot"
-        assert len(opened) == 1  # tried once, not on every inference
+        # Hot still cuts the threads, on the backend in use.
+        last = results[-1].budget["thermal"]
+        assert last["threads_now"] == 1 and "threads_reduced" in last["actions"]
+        assert engine_log["opened"] == 1 and engine_log["closed"] == 1  # tried once, and not left open
+
+
+def test_a_failed_switch_is_tried_again_later(digits_bundle, tmp_path, fake_npu, engine_log, monkeypatch):
+    import edgesdk
+    from edgesdk import Bundle
+    from edgesdk.thermal import serving
+
+    root = hot_zone(tmp_path)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8",
+                      thermal=hot_governor(root)) as model:
+        fake_npu.broken = True
+        set_temp(root, 80.0)
+        assert model.predict(x).placement.engine == "onnxruntime"
+        fake_npu.broken = False  # the delegate recovers
+        assert model.predict(x).placement.engine == "onnxruntime"  # not retried at once
+        monkeypatch.setattr(serving, "RETRY_AFTER_S", 0.0)
+        assert model.predict(x).placement.engine == "fake-npu"
+
+
+def test_without_golden_data_a_switch_follows_check_numerics(digits_bundle, tmp_path, engine_log):
+    """A bundle loaded with check_numerics=False switches unchecked; an error in the check never leaks an engine."""
+    import json
+    import shutil
+
+    import edgesdk
+    from edgesdk import Bundle
+    from edgesdk import numerics
+
+    root = hot_zone(tmp_path)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8", check_numerics=False,
+                      thermal=hot_governor(root)) as model:
+        set_temp(root, 80.0)
+        hot = model.predict(x)
+        assert hot.placement.engine == "fake-npu" and hot.placement.numerics == {
+            "checked": False, "why": "turned off (check_numerics=False)"}
+
+    def broken_check(engine, bundle, artifact_id):
+        raise ValueError("golden.npz is unreadable")
+
+    set_temp(root, 40.0)
+    opened, closed = engine_log["opened"], engine_log["closed"]
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", artifact="onnxruntime-int8",
+                      thermal=hot_governor(root)) as model:
+        numerics.check = broken_check  # undone by engine_log's monkeypatch
+        set_temp(root, 80.0)
+        results = [model.predict(x) for _ in range(3)]
+        assert all(r.placement.engine == "onnxruntime" for r in results)
+    assert engine_log["opened"] - opened == 1 and engine_log["closed"] - closed == 1
 
 
 def test_edge_tpu_sensor_reads_the_hottest_tpu_and_its_trip_points(tmp_path):
@@ -870,3 +1017,22 @@ def test_edge_tpu_sensor_reads_the_hottest_tpu_and_its_trip_points(tmp_path):
     assert gov.poll() == "warm"  # 84.8 C: below the driver's first clock step (hot, 85 C)
     with pytest.raises(InputError, match=r"no Edge TPU under .*class/apex"):
         EdgeTpuTemperature(tmp_path / "empty")
+
+
+def test_switch_candidates_must_fit_the_memory_limit(digits_bundle, tmp_path):
+    from edgesdk import Bundle
+    from edgesdk.memory import CostBook, MemoryLimit
+    from edgesdk.model import _fitting
+    from edgesdk.placement import Candidate
+
+    bundle = Bundle.open(digits_bundle.bundle)
+    home = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-fp32", "fp32")
+    int8 = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-int8", "int8")
+    npu = Candidate("fake-npu", "NPU", "NPU", "onnxruntime-int8", "int8")
+    costs = CostBook(tmp_path / "costs.json")
+    roomy, tight = MemoryLimit(10_000.0, "budget"), MemoryLimit(101.0, "budget")
+    assert _fitting([int8, npu], bundle, costs, roomy, 100.0, home) == [int8, npu]
+    # 1 MB free: the fake NPU's runtime would not fit beside; the INT8 sibling's smaller files on the loaded
+    # engine do.
+    assert _fitting([int8, npu], bundle, costs, tight, 100.0, home) == [int8]
+    assert _fitting([home], bundle, costs, roomy, 100.0, int8) == []  # larger files than the loaded ones

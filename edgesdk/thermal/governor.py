@@ -42,7 +42,9 @@ class ThermalActions:
     (the decision says ``escalate``: the hook for hybrid mode to serve from the cloud; without it, refuse).
 
     The defaults pace adaptively from warm on: with fixed pacing only, nothing slows the heating between warm and
-    hot, and a fast-heating device passes the hot limit within one sensor read.
+    hot, and a fast-heating device passes the hot limit within one sensor read. A rate limit learned at warm is
+    carried down to nominal (results there may say ``paced``) until it no longer binds, the app idles, or the
+    temperature is two hysteresis steps below warm.
     """
 
     warm: dict = field(default_factory=lambda: {"threads": "half", "min_interval_ms": 0, "adaptive": True})
@@ -111,7 +113,8 @@ MIN_SPAN_C = 5.0  # a device first read near hold_c is scaled as if it idled thi
 RAISE_MAX = 1.05
 DEADBAND_C = 0.5
 CUT = 0.8  # a limit lowered below this share of the last one was cut: the slope is measured afresh
-PACED_SHARE = 0.05  # pacing sleeps under this share of a read interval: the app was not held back
+PACED_SHARE = 0.05  # pacing sleeps under this share of a window: the app was not held back
+IDLE_S = 5.0  # a window this long with fewer than two inferences: the app idles
 MIN_RATE_PER_S = 1.0  # adaptive pacing never spaces inferences more than a second apart; critical is for worse
 
 
@@ -119,7 +122,8 @@ MIN_RATE_PER_S = 1.0  # adaptive pacing never spaces inferences more than a seco
 class Plan:
     """What the current level means for each inference; rebuilt at each sensor read, shared until the next.
 
-    ``interval_s`` is the least time between inference starts (fixed and adaptive pacing together); ``threads``
+    ``interval_s`` is the least time between inference starts (fixed and adaptive pacing together;
+    ``fixed_interval_s`` the fixed part alone); ``threads``
     the thread count to use (None: unchanged); ``threads_reduced`` whether that is below ``max_threads``;
     ``escalate`` is set (on a plan of its own) when the critical mode is ``escalate``."""
 
@@ -129,6 +133,7 @@ class Plan:
     threads_reduced: bool
     prefer: str | None
     temperature_c: float | None
+    fixed_interval_s: float = 0.0
     escalate: bool = False
 
 
@@ -145,7 +150,7 @@ class ThermalGovernor:
 
     Pacing: at a level with ``min_interval_ms`` the starts of two inferences are at least that far apart (the
     caller sleeps in :meth:`before_inference`). With ``adaptive``, the governor also holds the temperature at
-    ``hold_c`` (default ``hot_c - hysteresis_c``): at each read it forecasts the temperature ``LOOKAHEAD_S`` (2 s)
+    ``hold_c`` (default ``hot_c - hysteresis_c``): at each read it forecasts the temperature ``LOOKAHEAD_S`` (3 s)
     ahead from its slope and scales the rate limit (inferences per second, starting from the rate it measured)
     so the forecast lands on ``hold_c``: down when the forecast is above it, up when below while the limit is
     what holds the app back. The limit is dropped when the app runs well below it on its own; back at nominal it
@@ -191,11 +196,14 @@ class ThermalGovernor:
         self._reading: ThermalReading | None = None
         self._read_at = -math.inf
         self._slope: float | None = None
-        self._starts = 0  # inferences started since the last read
-        self._paced_s = 0.0  # pacing sleeps handed out since the last read
+        self._window_at = -math.inf  # the rate is measured over a window of reads starting here
+        self._starts = 0  # inferences started in the window
+        self._paced_s = 0.0  # pacing sleeps handed out in the window
+        self._window_fixed_s = 0.0  # the longest fixed pacing in force during the window
         self._rate_limit: float | None = None
         self._just_cut = False  # the limit was cut at the last read
         self._coolest = math.inf  # the coolest temperature read: about idle, when the governor starts cool
+        self._recent: list[float] = []  # the last three temperatures read
         self._last_start = -math.inf
         self.plan = self._make_plan()
 
@@ -227,7 +235,9 @@ class ThermalGovernor:
                              f"{', '.join(LEVELS)}")
         temperature = reading.temperature_c
         if temperature is not None:
-            self._coolest = min(self._coolest, temperature)
+            # The median of the last three reads, so that one low glitch does not weaken every later cut.
+            self._recent = (self._recent + [temperature])[-3:]
+            self._coolest = min(self._coolest, sorted(self._recent)[len(self._recent) // 2])
         level = _worst(reading.level_hint, None if temperature is None else self._level_for(temperature)) \
             or self.level
         entered_hot = level == "hot" and _RANK[self.level] < _RANK["hot"]
@@ -236,12 +246,19 @@ class ThermalGovernor:
             self.level = level
         previous, previous_at = self._reading, self._read_at
         self._reading, self._read_at = reading, now
+        if previous is None:
+            self._new_window(now)
         if previous is not None and previous.temperature_c is not None and temperature is not None:
-            self._adapt(temperature, previous.temperature_c, now - previous_at, entered_hot)
+            self._adapt(temperature, previous.temperature_c, now - previous_at, now, entered_hot)
         if not self._adaptive():
             self._rate_limit = None
-        self._starts, self._paced_s = 0, 0.0
+            self._new_window(now)
         self.plan = self._make_plan()
+        self._window_fixed_s = max(self._window_fixed_s, self.plan.fixed_interval_s)
+
+    def _new_window(self, now: float) -> None:
+        """Start counting inferences (and pacing sleeps) afresh: the rate is measured over a window of reads."""
+        self._window_at, self._starts, self._paced_s, self._window_fixed_s = now, 0, 0.0, 0.0
 
     def _level_for(self, temperature: float) -> str:
         """The level for this temperature given the current one: up at a limit, down ``hysteresis_c`` below it."""
@@ -254,7 +271,7 @@ class ThermalGovernor:
                 stay = name
         return _worst(up, min(self.level, stay, key=_RANK.__getitem__))
 
-    def _adapt(self, temperature: float, previous: float, dt: float, entered_hot: bool) -> None:
+    def _adapt(self, temperature: float, previous: float, dt: float, now: float, entered_hot: bool) -> None:
         if dt <= 0:
             return
         slope = (temperature - previous) / dt
@@ -263,28 +280,38 @@ class ThermalGovernor:
         if self._slope is not None and not self._just_cut:
             slope = SLOPE_WEIGHT * slope + (1 - SLOPE_WEIGHT) * self._slope
         self._slope, self._just_cut = slope, False
-        if not self._adaptive() or self._starts < 2:
-            return  # nothing to hold, or the app is not inferring: nothing to learn from
-        rate = self._starts / dt
+        if not self._adaptive():
+            return
+        window = now - self._window_at
+        idle = self._starts < 2
+        if idle and window < IDLE_S:
+            return  # too few inferences to measure a rate yet: keep counting over the next reads
+        rate = self._starts / window
         forecast = temperature + slope * LOOKAHEAD_S
         limit = self._rate_limit
+        # Whether the adaptive limit is what paces: tighter than every fixed pacing in force in this window (hot's
+        # 100 ms makes the app slow, not the limit; cutting the limit then would only wind it down), and whether
+        # the app ran at it (slept for pacing, or ran within 10% of it).
+        paced = self._paced_s >= PACED_SHARE * window
+        tighter = limit is not None and 1.0 / limit > self._window_fixed_s
+        at_limit = tighter and (paced or rate >= 0.9 * limit)
         if self.level == "nominal":
-            pass  # a limit carried down from warm is only loosened here, below
-        elif entered_hot:
+            if temperature < self.limits["warm"] - 2 * self.hysteresis_c:
+                limit = None  # clearly cool: a limit carried down from warm is no longer needed
+        elif entered_hot and not idle:
             # The forecast did not stop it: cut hard now rather than by degrees.
             limit = 0.5 * min(rate, limit if limit is not None else rate)
-        elif forecast > self.hold_c:
+        elif forecast > self.hold_c and not idle and (limit is None or tighter):
             limit = (limit if limit is not None else rate) * self._scale(forecast)
         if forecast < self.hold_c - DEADBAND_C and limit is not None:
-            paced = self._paced_s >= PACED_SHARE * dt
-            fixed_s = self._level_actions().get("min_interval_ms", 0.0) / 1e3
-            if paced and 1.0 / limit > fixed_s:  # the limit is what holds the app back: loosen it
+            if at_limit:  # the limit is what holds the app back: loosen it
                 limit *= self._scale(forecast)
             elif not paced:
-                limit = None  # the app runs slower than the limit by itself: it no longer binds
+                limit = None  # the app runs slower than the limit by itself (or idles): it no longer binds
         limit = None if limit is None else max(MIN_RATE_PER_S, limit)
         self._just_cut = limit is not None and (self._rate_limit is None or limit < CUT * self._rate_limit)
         self._rate_limit = limit
+        self._new_window(now)
 
     def _scale(self, forecast: float) -> float:
         """How much to scale the rate so the forecast lands on ``hold_c``, taking the rise above the coolest
@@ -305,12 +332,12 @@ class ThermalGovernor:
 
     def _make_plan(self) -> Plan:
         acts = self._level_actions()
-        interval = acts.get("min_interval_ms", 0.0) / 1e3
+        fixed = interval = acts.get("min_interval_ms", 0.0) / 1e3
         if self._rate_limit is not None and self._adaptive():
             interval = max(interval, 1.0 / self._rate_limit)
         threads = self._threads(acts.get("threads"))
         return Plan(self.level, interval, threads, threads is not None and threads < self.max_threads,
-                    acts.get("prefer"), self._reading.temperature_c if self._reading else None)
+                    acts.get("prefer"), self._reading.temperature_c if self._reading else None, fixed)
 
     def _threads(self, wanted: int | str | None) -> int | None:
         if wanted is None:

@@ -2,18 +2,20 @@
 inference, and what its result's budget entry says.
 
 At load the runtime hands over the candidates it may serve from (the policy's order, ``require`` met, none that
-failed at load). The lower-power one is the first in the ``max-efficiency`` order (NPU, then CPU, then GPU; INT8
-before FP32 within a kind) that ranks below the loaded placement: a CPU FP32 placement moves to an NPU when one
-serves the bundle, else to an INT8 artifact (on the same engine when it has one); a GPU placement to an NPU or the
-CPU. A plan that says ``prefer: lower_power`` (hot, by default) switches to it; a plan that does not switches
-back. Engines fix their device, artifact and threads at load, so a switch reopens the engine, once per plan (i.e.
-per sensor read that changes it), never per inference; a backend that fails to open or fails its numerics check
-is not used, and not tried again at that thread count.
+failed at load, and within the memory limit: see ``edgesdk.model._fitting``). The lower-power one is an NPU
+when the model is not on one, else a lower precision on the same kind of device (INT8 before FP16 before FP32,
+the same engine and device first). The CPU and a GPU are not traded for each other: which draws less depends on
+the device (a phone GPU more than its CPU, a Jetson GPU less). A plan that says ``prefer: lower_power`` (hot, by
+default) switches to it; a plan that does not switches back. Engines fix their device, artifact and threads at
+load, so a switch reopens the engine, once per plan (i.e. per sensor read that changes it), never per
+inference. A backend that fails to open or fails its numerics check is not used, and not tried again for
+``RETRY_AFTER_S``; the plan's thread count is then applied to the backend in use.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -23,24 +25,27 @@ from ..errors import BackendUnavailable, BudgetExceeded
 from ..placement import Candidate, Placement
 from .governor import Plan, describe
 
-KIND_POWER = ("NPU", "CPU", "GPU")  # the max-efficiency policy's order: a phone GPU draws the most per inference
 PRECISION_POWER = ("int8", "fp16", "fp32")
+RETRY_AFTER_S = 30.0  # a backend that failed to open or to check is not tried again for this long
 
 
-def power_rank(c: Candidate | Placement) -> tuple[int, int]:
-    """Lower is less power per inference: by device kind, then precision."""
-    kind = KIND_POWER.index(c.kind) if c.kind in KIND_POWER else len(KIND_POWER)
-    precision = PRECISION_POWER.index(c.precision) if c.precision in PRECISION_POWER else len(PRECISION_POWER)
-    return kind, precision
+def _precision(c: Candidate) -> int:
+    return PRECISION_POWER.index(c.precision) if c.precision in PRECISION_POWER else len(PRECISION_POWER)
 
 
 def lower_power(current: Candidate, alternatives: Sequence[Candidate]) -> Candidate | None:
-    """The lowest-power alternative that ranks below ``current``, or None. Ties go to the same engine and
-    device as ``current`` (an FP32 placement keeps its engine for the INT8 sibling), then to the earlier one
-    (the policy's preference)."""
-    lower = [c for c in alternatives if power_rank(c) < power_rank(current)]
+    """Where ``prefer: lower_power`` moves a model served by ``current``, or None: an NPU if ``current`` is not
+    one, else a lower precision on the same kind of device; INT8 first, then the same engine and device as
+    ``current``, then the earlier alternative (the policy's preference)."""
+    def lower(c: Candidate) -> bool:
+        if c.kind == "NPU" and current.kind != "NPU":
+            return True
+        return c.kind == current.kind and _precision(c) < _precision(current)
+
     same = (current.engine, current.device)
-    return min(lower, key=lambda c: (power_rank(c), (c.engine, c.device) != same)) if lower else None
+    found = [c for c in alternatives if lower(c)]
+    return min(found, key=lambda c: (c.kind != "NPU", _precision(c), (c.engine, c.device) != same)) \
+        if found else None
 
 
 class ThermalServing:
@@ -48,7 +53,7 @@ class ThermalServing:
     inference; it returns the engine to run on, the placement to report and the result's budget entry."""
 
     def __init__(self, governor: Any, bundle: Any, engine: Engine, placement: Placement, budget: dict,
-                 threads: int | None, alternatives: Sequence[Candidate] = ()):
+                 threads: int | None, alternatives: Sequence[Candidate] = (), check_numerics: bool = True):
         self.governor = governor
         self._bundle = bundle
         self._budget = budget
@@ -58,7 +63,8 @@ class ThermalServing:
         self._base_threads = threads
         self.engine, self.placement = engine, placement
         self._now, self._threads_now = self._home, threads
-        self._failed: set[tuple[Candidate, int | None]] = set()
+        self._check_numerics = check_numerics
+        self._failed: dict[tuple[Candidate, int | None], float] = {}  # -> when it failed (time.monotonic)
         self._plan: Plan | None = None
         self._entries: tuple[dict, dict] = ({}, {})  # unpaced, paced
 
@@ -80,12 +86,14 @@ class ThermalServing:
             self._follow(plan)
         if deferred_s:
             return self._entry(plan, paced_s, deferred_s)
-        # Copied from the plan's template, so that no result shares a mutable part with another (~0.2 us).
+        # Copied from the plan's template, so that no result shares a mutable part with another (~0.3 us).
         template = self._entries[1] if paced_s else self._entries[0]
         budget, thermal = template.copy(), template["thermal"].copy()
         thermal["actions"] = thermal["actions"].copy()
         thermal["slept_ms"] = paced_s * 1e3
         budget["thermal"] = thermal
+        if "memory" in budget:
+            budget["memory"] = budget["memory"].copy()
         return budget
 
     def _follow(self, plan: Plan) -> None:
@@ -93,37 +101,48 @@ class ThermalServing:
         cap = self._base_threads or os.cpu_count() or 1
         threads = plan.threads if plan.threads is not None and plan.threads < cap else self._base_threads
         target = self._lower if plan.prefer == "lower_power" and self._lower is not None else self._home
-        if (target, threads) != (self._now, self._threads_now) and (target, threads) not in self._failed:
-            self._reopen(target, threads)
+        # The wanted backend, else the one in use (or home) with the wanted threads.
+        for choice in dict.fromkeys(((target, threads), (self._now, threads), (self._home, threads))):
+            if choice == (self._now, self._threads_now):
+                break
+            failed_at = self._failed.get(choice)
+            if failed_at is not None and time.monotonic() - failed_at < RETRY_AFTER_S:
+                continue
+            if self._reopen(*choice):
+                break
         self._plan = plan
         self._entries = (self._entry(plan, 0.0, 0.0), self._entry(plan, 1e-9, 0.0))
 
-    def _reopen(self, target: Candidate, threads: int | None) -> None:
+    def _reopen(self, target: Candidate, threads: int | None) -> bool:
         """Swap the engine for ``target`` with ``threads``; keep the old one when the new one fails to load or
-        its numerics check (the budget then simply does not claim the change)."""
+        its numerics check (the budget then simply does not claim the change). True when swapped."""
         art = self._bundle.artifact(target.artifact)
         options = {**art.runtime, "device": target.device}
         if threads:
             options["num_threads"] = threads
         try:
             fresh = open_engine(target.engine, art.model_path, **options)
-        except BackendUnavailable:
-            self._failed.add((target, threads))  # not retried on every inference
-            return
+        except Exception:  # BackendUnavailable, or anything else the engine raises: not this backend now
+            self._failed[(target, threads)] = time.monotonic()
+            return False
         check = self.placement.numerics
         if target != self._now:
+            check = {"checked": False, "why": "turned off (check_numerics=False)"}
             try:
-                check = numerics.check(fresh, self._bundle, target.artifact)
-            except BackendUnavailable:
+                if self._check_numerics:
+                    check = numerics.check(fresh, self._bundle, target.artifact)
+            except Exception:  # wrong numbers, or no golden data to check them with
                 fresh.close()
-                self._failed.add((target, threads))
-                return
+                self._failed[(target, threads)] = time.monotonic()
+                return False
         self.engine.close()
+        self._failed.pop((target, threads), None)
         self.engine, self._now, self._threads_now = fresh, target, threads
         self.placement = replace(self._home_placement, engine=target.engine, device=target.device, kind=target.kind,
                                  artifact=target.artifact, precision=target.precision, executing=fresh.executing,
                                  effective_precision=fresh.effective_precision,
                                  fully_accelerated=fresh.fully_accelerated, numerics=check)
+        return True
 
     def _entry(self, plan: Plan, paced_s: float, deferred_s: float) -> dict:
         """The result's budget entry for one inference under ``plan``: the governor's decision, with what this
@@ -144,4 +163,4 @@ def _candidate(p: Placement) -> Candidate:
     return Candidate(p.engine, p.device, p.kind, p.artifact, p.precision)
 
 
-__all__ = ["ThermalServing", "lower_power", "power_rank"]
+__all__ = ["ThermalServing", "lower_power", "RETRY_AFTER_S"]
