@@ -5,21 +5,23 @@
 A sustained loop of real inferences (``model.predict`` on the digits bundle, ``policy="cpu-only"``, one
 preprocessed input, one CPU thread: see below) drives the simulated device
 (:class:`edgesdk.simulated_device.SimulatedThermalDevice` with its default parameters: a passively cooled board,
-25 C room, 10 C/W, tau 8 s, 0.5 W idle + 8 W busy). Each inference's CPU time (``time.process_time``, every thread
-of the process) is recorded as work, and the device writes its temperature to a fake sysfs tree. CPU time, not wall
-time, because this machine is shared: while another process holds the CPU an inference's wall time grows with no
-work done. Measured with wall time while another process ran, the same governor peaked at 75 C in one run and 86 C
-in the next, and the sweep's peaks did not fall monotonically with slower pacing.
+25 C room, 10 C/W, tau 8 s, 0.5 W idle + 8 W busy). The work of each loop iteration is all the process CPU time it
+took (``time.process_time``: the loop's own pacing code, the governor, ``predict``'s checks and the inference), less
+the CPU the simulator itself spends spinning at the end of its sleeps; the device writes its temperature to a
+fake sysfs tree. CPU time, not wall time, because this machine is shared: while another process holds the CPU an
+inference's wall time grows with no work done. Measured with wall time while another process ran, the same
+governor peaked at 75 C in one run and 86 C in the next, and the sweep's peaks did not fall monotonically with
+slower pacing.
 
 Simulated time runs ``--time-scale`` times faster than real time (busy time is scaled alike, so the duty cycle is
 unchanged): at 20, a 10 us inference counts as 0.2 ms of simulated work and a simulated minute takes three real
 seconds. Every run starts from the idle temperature and lasts ``--minutes`` simulated minutes. The limits are the
 platform profile's ``[thermal]`` table.
 
-- governor: ``ThermalGovernor.from_profile(LinuxThermalZones(tree), profile)`` on the simulated clock;
-  ``before_inference()`` before each predict (its sleeps are the pacing). Run before and after the sweep, since
-  this machine is shared. Its ``threads`` and ``prefer`` hints are not applied: the simulated power depends on
-  busy time only.
+- governor: ``ThermalGovernor.from_profile(LinuxThermalZones(tree), profile)`` on the simulated clock, given to
+  ``edgesdk.load(..., thermal=governor)``: the production path, where ``model.predict`` asks the governor and
+  sleeps for its pacing. Run before and after the sweep, since this machine is shared. (Its thread cut is a
+  no-op at one thread; the simulated power depends on busy time only.)
 - governor, fixed pacing only: the same with ``adaptive`` off (warm: half the threads; hot: 100 ms pacing).
 - fixed pacing: no governor; each inference starts at least the given interval after the previous one. Swept in
   steps of ``--step`` times the unpaced run's interval, until no slower pacing could beat one that already held the
