@@ -5,8 +5,8 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 """
 
 from .bundle import Artifact, Bundle
-from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, ConversionError,
-                     EdgeSDKError, InputError, ValidationFailed)
+from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
+                     CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, InputError, ValidationFailed)
 from .model import Budgets, Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
 from .pool import ModelPool
@@ -17,5 +17,6 @@ __version__ = "0.1.0"
 __all__ = [
     "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
-    "CalibrationError", "ValidationFailed", "__version__",
+    "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
+    "__version__",
 ]

@@ -10,6 +10,10 @@
      +-- ConversionError        the workstation could not build an artifact (bad source, unsupported route)
      |    +-- CalibrationError  the calibration/validation data is empty, corrupt or does not fit the model
      +-- ValidationFailed       an INT8 artifact lost more accuracy than allowed
+ +-- CloudError             the cloud endpoint did not answer a call (``reason``, HTTP ``status`` when one came)
+      +-- CloudTimeout      the call's deadline passed
+      +-- CloudUnavailable  unreachable, overloaded (429/5xx after retries), circuit open or retry budget spent
+      +-- CloudRejected     the server refused the request (4xx); ``detail`` is the server's own message
 
 Engine exceptions are translated at the engine boundary into this tree, with the
 original chained (``raise ... from exc``).
@@ -77,3 +81,32 @@ class ValidationFailed(EdgeSDKError):
         super().__init__(message)
         self.failing = failing
         self.bundle = bundle
+
+
+class CloudError(EdgeSDKError):
+    """A call to the cloud endpoint failed.
+
+    ``reason`` is machine-readable (``timeout``, ``unreachable``, ``overloaded``, ``circuit_open``,
+    ``retry_budget``, ``rejected``, ``bad_response``, ``model_mismatch``); ``detail`` is for humans (for a
+    rejection, the server's ``error`` message); ``status`` is the last HTTP status, when one came;
+    ``attempts`` how many requests were sent.
+    """
+
+    def __init__(self, reason: str, detail: str, status: int | None = None, attempts: int = 0):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.status = status
+        self.attempts = attempts
+
+
+class CloudTimeout(CloudError):
+    """The call's deadline passed before an answer came."""
+
+
+class CloudUnavailable(CloudError):
+    """The endpoint cannot answer now: unreachable, overloaded, circuit open, or the retry budget is spent."""
+
+
+class CloudRejected(CloudError):
+    """The server refused the request (a 4xx other than 429): retrying would not help."""

@@ -1,0 +1,529 @@
+"""A client for the Open Inference Protocol (KServe V2) over REST: the cloud half of hybrid mode, on the device.
+
+Any V2 server can be the endpoint (KServe's ModelServer, ``edgesdk serve``, Triton, OpenVINO Model Server). What
+the device needs from a remote service it cannot control:
+
+- a deadline per call (``deadline_s``) and a timeout per attempt (``timeout_s``, never past the deadline);
+- retries only where they can help (connection failures, timeouts, 429, 502, 503, 504; inference is idempotent),
+  at most ``max_attempts``, after a capped exponential backoff with full jitter (a random pause between 0 and
+  ``min(backoff_cap_s, backoff_base_s * 2**n)``), honouring ``Retry-After`` when it fits the deadline;
+- a retry budget (:class:`RetryBudget`): retries stay under a share of the calls, so a struggling endpoint is not
+  stormed by every device at once;
+- a circuit breaker (:class:`CircuitBreaker`): after a run of failures calls fail at once (the device answers) until
+  a cool-down passes and a probe succeeds;
+- a bearer token from the environment or a callback, never stored in the bundle, never logged; TLS with
+  certificate verification, and plain ``http`` only to a loopback address unless ``allow_insecure_http``;
+- the binary tensor extension when the server lists ``binary_tensor_data``, JSON tensors otherwise.
+
+Nothing here logs a request or response body. Every failure is a :class:`~edgesdk.errors.CloudError`: the
+caller (hybrid mode) answers from the device instead.
+
+The transport is injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s) ->
+Response`` that raises ``OSError`` (``TimeoutError`` for a timeout) when no response came. The default,
+:class:`HttpTransport`, keeps one connection per thread and endpoint (``http.client``, standard library only).
+"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import logging
+import os
+import random
+import socket
+import ssl
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
+
+log = logging.getLogger("edgesdk.cloud")
+
+DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+             "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
+             "FP32": np.float32, "FP64": np.float64}
+_V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+LOOPBACK_NAMES = ("localhost",)
+MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+
+
+class Transport(Protocol):
+    def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                timeout_s: float) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+class HttpTransport:
+    """HTTP/1.1 with keep-alive: one connection per thread and endpoint, reopened after any failure. TLS uses
+    the system's trust store (or ``cafile``) and checks the host name."""
+
+    def __init__(self, cafile: str | None = None):
+        self._ssl = ssl.create_default_context(cafile=cafile)
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+                timeout_s: float) -> Response:
+        parts = urlsplit(url)
+        key = (parts.scheme, parts.hostname, parts.port)
+        conns = self._local.__dict__.setdefault("conns", {})
+        conn = conns.get(key)
+        if conn is None:
+            if parts.scheme == "https":
+                conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+            conns[key] = conn
+            with self._lock:
+                self._all.append(conn)
+        conn.timeout = timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        try:
+            conn.request(method, path, body=body, headers=dict(headers))
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            conns.pop(key, None)
+            if isinstance(exc, http.client.HTTPException):
+                raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+
+
+class RetryBudget:
+    """Retries may use at most ``ratio`` of the calls, plus a ``reserve`` for a quiet start: every call deposits
+    ``ratio`` tokens (up to ``reserve``), every retry takes one. Thread-safe."""
+
+    def __init__(self, ratio: float = 0.2, reserve: float = 10.0):
+        if not 0 <= ratio <= 1 or reserve < 1:
+            raise InputError(f"retry budget: ratio must be in [0, 1] and reserve >= 1, got {ratio}, {reserve}")
+        self.ratio, self.reserve = float(ratio), float(reserve)
+        self._tokens = float(reserve)
+        self._lock = threading.Lock()
+        self.spent = self.refused = 0
+
+    def deposit(self) -> None:
+        with self._lock:
+            self._tokens = min(self.reserve, self._tokens + self.ratio)
+
+    def withdraw(self) -> bool:
+        with self._lock:
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                self.spent += 1
+                return True
+            self.refused += 1
+            return False
+
+
+class CircuitBreaker:
+    """Closed, open, half-open. Opens when at least ``min_calls`` of the last ``window`` attempts were made and
+    ``failure_rate`` of them failed; while open, calls fail at once. After ``cooldown_s`` one probe is let
+    through (half-open): success closes it, failure opens it again. Thread-safe; ``clock`` is injectable."""
+
+    def __init__(self, failure_rate: float = 0.5, window: int = 20, min_calls: int = 10, cooldown_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if not 0 < failure_rate <= 1 or window < 1 or not 1 <= min_calls <= window or cooldown_s < 0:
+            raise InputError("circuit breaker: need 0 < failure_rate <= 1, window >= 1, 1 <= min_calls <= window "
+                             f"and cooldown_s >= 0, got {failure_rate}, {window}, {min_calls}, {cooldown_s}")
+        self.failure_rate, self.min_calls, self.cooldown_s = failure_rate, min_calls, cooldown_s
+        self._outcomes: deque[bool] = deque(maxlen=window)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.state = "closed"
+        self._opened_at = 0.0
+        self._probing = False
+        self.opened = self.recovered = 0  # how many times it opened, and closed again after a probe
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self.state == "closed":
+                return True
+            if self.state == "open" and self._clock() - self._opened_at >= self.cooldown_s:
+                self.state = "half_open"
+            if self.state == "half_open" and not self._probing:
+                self._probing = True
+                return True
+            return False
+
+    def record(self, success: bool) -> None:
+        with self._lock:
+            if self.state == "half_open":
+                self._probing = False
+                if success:
+                    self.state = "closed"
+                    self._outcomes.clear()
+                    self.recovered += 1
+                else:
+                    self._open()
+                return
+            self._outcomes.append(success)
+            failures = self._outcomes.count(False)
+            if self.state == "closed" and len(self._outcomes) >= self.min_calls and \
+                    failures >= self.failure_rate * len(self._outcomes):
+                self._open()
+
+    def _open(self) -> None:
+        self.state = "open"
+        self._opened_at = self._clock()
+        self._outcomes.clear()
+        self.opened += 1
+
+
+class CloudClient:
+    """Calls one model on one V2 endpoint. ``url`` is the server root (``https://host:port``); ``model`` the
+    model name (the bundle's name, usually). Thread-safe.
+
+    ``token`` (a string, or a callable returning one, called per request) or ``token_env`` (the name of an
+    environment variable, read per request) gives a bearer token. :meth:`infer` raises a
+    :class:`~edgesdk.errors.CloudError` subclass on any failure; ``stats()`` counts calls, attempts, retries and
+    failures by reason.
+    """
+
+    def __init__(self, url: str, model: str, *, version: str | None = None,
+                 token: str | Callable[[], str] | None = None, token_env: str | None = None,
+                 timeout_s: float = 1.0, deadline_s: float = 2.0, max_attempts: int = 3,
+                 backoff_base_s: float = 0.1, backoff_cap_s: float = 2.0, retry_budget: RetryBudget | None = None,
+                 breaker: CircuitBreaker | None = None, allow_insecure_http: bool = False, cafile: str | None = None,
+                 binary: bool | None = None, transport: Transport | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None):
+        self.url = _check_url(url, allow_insecure_http)
+        if not isinstance(model, str) or not model or "/" in model:
+            raise InputError(f"cloud model name must be a non-empty string without '/', got {model!r}")
+        for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s)):
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise InputError(f"cloud client: {name} must be > 0 seconds, got {value!r}")
+        if not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InputError(f"cloud client: max_attempts must be an integer >= 1, got {max_attempts!r}")
+        if token is not None and token_env is not None:
+            raise InputError("cloud client: pass token or token_env, not both")
+        self.model, self.version = model, version
+        self.timeout_s, self.deadline_s, self.max_attempts = float(timeout_s), float(deadline_s), max_attempts
+        self.backoff_base_s, self.backoff_cap_s = float(backoff_base_s), float(backoff_cap_s)
+        self.retry_budget = retry_budget if retry_budget is not None else RetryBudget()
+        self.breaker = breaker if breaker is not None else CircuitBreaker(clock=clock)
+        self._token, self._token_env = token, token_env
+        self._binary = binary
+        self._transport = transport if transport is not None else HttpTransport(cafile)
+        self._clock, self._sleep = clock, sleep
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._stats = {"calls": 0, "attempts": 0, "retries": 0, "ok": 0, "failures": {}}
+        base = f"{self.url}/v2/models/{model}" + (f"/versions/{version}" if version else "")
+        self._model_url = base
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"CloudClient({self.url!r}, model={self.model!r})"
+
+    # -- protocol calls ---------------------------------------------------------------------------------------
+    def live(self) -> bool:
+        return self._get_json("/v2/health/live", retry=False).get("live") is True
+
+    def ready(self) -> bool:
+        """Model readiness (``GET /v2/models/{m}/ready``): False on any failure, never raises."""
+        try:
+            self._call("GET", self._model_url + "/ready", None, {}, retry=False)
+            return True
+        except CloudError:
+            return False
+
+    def server_metadata(self) -> dict:
+        return self._get_json("/v2")
+
+    def model_metadata(self) -> dict:
+        return self._get_json(self._model_url[len(self.url):])
+
+    def check_inputs(self, inputs: Sequence[Mapping[str, Any]]) -> dict:
+        """Compare the model's metadata with the inputs the device will send (the bundle's manifest ``inputs``:
+        ``name``, ``shape``, ``dtype``); raises :class:`CloudError` (reason ``model_mismatch``) naming every
+        difference. Returns the metadata."""
+        meta = self.model_metadata()
+        served = {i.get("name"): i for i in meta.get("inputs", [])}
+        problems = []
+        for spec in inputs:
+            name, shape = spec["name"], list(spec["shape"])
+            datatype = _V2_NAME.get(np.dtype(spec.get("dtype", "float32")))
+            got = served.get(name)
+            if got is None:
+                problems.append(f"no input {name!r} (the server has {sorted(n for n in served if n)})")
+                continue
+            if got.get("datatype") != datatype:
+                problems.append(f"input {name!r} is {got.get('datatype')} there, {datatype} here")
+            their = list(got.get("shape", []))
+            if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
+                problems.append(f"input {name!r} has shape {their} there, {shape} here")
+        if problems:
+            raise CloudError("model_mismatch", f"model {self.model!r} at {self.url} does not take what this bundle "
+                                               f"sends: {'; '.join(problems)}")
+        return meta
+
+    def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str], *, deadline_s: float | None = None,
+              request_id: str | None = None) -> list[np.ndarray]:
+        """One inference: the outputs in the order the server lists them. Raises a :class:`CloudError`."""
+        if len(arrays) != len(names):
+            raise InputError(f"cloud infer: {len(arrays)} arrays for {len(names)} input names")
+        rid = request_id or uuid.uuid4().hex
+        binary = self._binary if self._binary is not None else self._server_has_binary(deadline_s)
+        body, headers = _encode(arrays, names, rid, binary)
+        resp = self._call("POST", self._model_url + "/infer", body, headers, deadline_s=deadline_s)
+        return _decode(resp, rid)
+
+    def stats(self) -> dict:
+        with self._lock:
+            stats = {**self._stats, "failures": dict(self._stats["failures"])}
+        stats.update(breaker=self.breaker.state, breaker_opened=self.breaker.opened,
+                     breaker_recovered=self.breaker.recovered, retries_refused=self.retry_budget.refused)
+        return stats
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> "CloudClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the resilient call -----------------------------------------------------------------------------------
+    def _server_has_binary(self, deadline_s: float | None) -> bool:
+        if self._binary is None:
+            try:
+                extensions = self._get_json("/v2", deadline_s=deadline_s).get("extensions") or []
+            except CloudError:
+                return False  # ask again next time; JSON works everywhere
+            self._binary = "binary_tensor_data" in extensions
+        return self._binary
+
+    def _get_json(self, path: str, retry: bool = True, deadline_s: float | None = None) -> dict:
+        resp = self._call("GET", self.url + path, None, {}, retry=retry, deadline_s=deadline_s)
+        try:
+            data = json.loads(resp.body)
+        except ValueError as exc:
+            raise CloudError("bad_response", f"GET {path} answered {resp.status} with a body that is not JSON",
+                             resp.status) from exc
+        if not isinstance(data, dict):
+            raise CloudError("bad_response", f"GET {path} answered with {type(data).__name__}, not an object",
+                             resp.status)
+        return data
+
+    def _headers(self, extra: Mapping[str, str]) -> dict:
+        headers = {"Accept": "application/json", **extra}
+        token = self._token() if callable(self._token) else self._token
+        if self._token_env is not None:
+            token = os.environ.get(self._token_env)
+            if not token:
+                raise CloudError("no_token", f"the environment variable {self._token_env} that should hold the "
+                                             "cloud token is not set")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _call(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], *, retry: bool = True,
+              deadline_s: float | None = None) -> Response:
+        start = self._clock()
+        deadline = start + (deadline_s if deadline_s is not None else self.deadline_s)
+        path = urlsplit(url).path
+        with self._lock:
+            self._stats["calls"] += 1
+        self.retry_budget.deposit()
+        attempts, status, last = 0, None, "unreachable"
+        while True:
+            if not self.breaker.allow():
+                raise self._fail(CloudUnavailable("circuit_open", f"the circuit to {self.url} is open after "
+                                                  "repeated failures; calls fail at once until a probe succeeds",
+                                                  status, attempts))
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise self._fail(CloudTimeout("timeout", f"{method} {path}: no answer within the deadline "
+                                              f"({deadline - start:.3f} s, {attempts} attempts; last: {last})",
+                                              status, attempts))
+            attempts += 1
+            with self._lock:
+                self._stats["attempts"] += 1
+            t0 = self._clock()
+            retry_after = None
+            try:
+                resp = self._transport.request(method, url, self._headers(headers), body,
+                                               min(self.timeout_s, remaining))
+            except (TimeoutError, socket.timeout):
+                last, status = "timeout", None
+            except OSError as exc:
+                last, status = f"unreachable ({type(exc).__name__})", None
+            else:
+                status = resp.status
+                log.debug("%s %s -> %d in %.1f ms (attempt %d)", method, path, status, (self._clock() - t0) * 1e3,
+                          attempts)
+                if 200 <= status < 300:
+                    self.breaker.record(True)
+                    with self._lock:
+                        self._stats["ok"] += 1
+                    return resp
+                message = _error_message(resp)
+                if status not in RETRYABLE_STATUS:
+                    # The request is at fault (4xx) or the server failed it for good (500): not retried. A
+                    # 4xx says nothing about the server's health.
+                    self.breaker.record(status < 500)
+                    cls = CloudRejected if 400 <= status < 500 else CloudError
+                    reason = "rejected" if 400 <= status < 500 else "server_error"
+                    raise self._fail(cls(reason, f"{method} {path} answered {status}: {message}", status,
+                                         attempts))
+                last = f"{status} {message}"
+                retry_after = _retry_after(resp)
+            self.breaker.record(False)
+            log.debug("%s %s failed (attempt %d): %s", method, path, attempts, last)
+            if not retry or attempts >= self.max_attempts:
+                break
+            pause = self._rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** (attempts - 1)))
+            if retry_after is not None:
+                pause = max(pause, min(retry_after, self.backoff_cap_s))
+            if self._clock() + pause >= deadline:
+                raise self._fail(CloudTimeout("timeout", f"{method} {path}: the deadline leaves no time for another "
+                                              f"attempt ({attempts} made; last: {last})", status, attempts))
+            if not self.retry_budget.withdraw():
+                raise self._fail(CloudUnavailable("retry_budget", f"{method} {path} failed ({last}) and the retry "
+                                                  "budget is spent: the endpoint is failing too often to retry",
+                                                  status, attempts))
+            with self._lock:
+                self._stats["retries"] += 1
+            self._sleep(pause)
+        reason = "timeout" if last == "timeout" else "overloaded" if status in RETRYABLE_STATUS else "unreachable"
+        cls = CloudTimeout if reason == "timeout" else CloudUnavailable
+        raise self._fail(cls(reason, f"{method} {path} failed after {attempts} attempt"
+                                     f"{'' if attempts == 1 else 's'}: {last}", status, attempts))
+
+    def _fail(self, exc: CloudError) -> CloudError:
+        with self._lock:
+            self._stats["failures"][exc.reason] = self._stats["failures"].get(exc.reason, 0) + 1
+        return exc
+
+
+def _check_url(url: str, allow_insecure_http: bool) -> str:
+    if not isinstance(url, str):
+        raise InputError(f"cloud url must be a string, got {type(url).__name__}")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"cloud url must be http(s)://host[:port], got {url!r}")
+    if parts.username or parts.password:
+        raise InputError("cloud url must not carry credentials: pass token= or token_env=")
+    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(parts.hostname):
+        raise InputError(f"cloud url {url!r} is plain http to a non-loopback host: use https, or "
+                         "allow_insecure_http=True if the network is trusted")
+    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _encode(arrays: Sequence[np.ndarray], names: Sequence[str], rid: str, binary: bool) -> tuple[bytes, dict]:
+    inputs, blobs = [], []
+    for name, arr in zip(names, arrays):
+        arr = np.asarray(arr)
+        datatype = _V2_NAME.get(arr.dtype)
+        if datatype is None:
+            raise InputError(f"input {name!r}: dtype {arr.dtype} has no Open Inference Protocol datatype")
+        entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": datatype}
+        if binary:
+            raw = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            if datatype == "FP16":
+                raise InputError(f"input {name!r} is FP16, which cannot travel as JSON; the server must offer "
+                                 "the binary tensor extension")
+            entry["data"] = arr.reshape(-1).tolist()
+        inputs.append(entry)
+    request: dict[str, Any] = {"id": rid, "inputs": inputs}
+    if binary:
+        request["parameters"] = {"binary_data_output": True}
+    header = json.dumps(request, separators=(",", ":")).encode()
+    if not binary:
+        return header, {"Content-Type": "application/json"}
+    return header + b"".join(blobs), {"Content-Type": "application/octet-stream",
+                                      "Inference-Header-Content-Length": str(len(header))}
+
+
+def _decode(resp: Response, rid: str) -> list[np.ndarray]:
+    body = resp.body
+    length = resp.headers.get("inference-header-content-length")
+    try:
+        split = int(length) if length is not None else len(body)
+        if not 0 <= split <= len(body):
+            raise ValueError(f"Inference-Header-Content-Length {split} outside the body ({len(body)} bytes)")
+        answer = json.loads(body[:split])
+        outputs, rest, offset = [], body[split:], 0
+        for out in answer["outputs"]:
+            dtype = np.dtype(DATATYPES[out["datatype"]]).newbyteorder("<")
+            shape = [int(d) for d in out["shape"]]
+            size = (out.get("parameters") or {}).get("binary_data_size")
+            if size is not None:
+                if offset + int(size) > len(rest):
+                    raise ValueError(f"output {out.get('name')!r} needs {size} bytes past the JSON; "
+                                     f"{len(rest) - offset} are left")
+                arr = np.frombuffer(rest[offset:offset + int(size)], dtype=dtype).reshape(shape)
+                offset += int(size)
+            else:
+                arr = np.asarray(out["data"], dtype=dtype).reshape(shape)
+            outputs.append(arr.astype(dtype.newbyteorder("=")))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CloudError("bad_response", f"the infer response is not valid V2: {type(exc).__name__}: {exc}",
+                         resp.status) from exc
+    if answer.get("id") not in (None, rid):
+        raise CloudError("bad_response", f"the infer response answers request {answer.get('id')!r}, not {rid!r}",
+                         resp.status)
+    return outputs
+
+
+def _error_message(resp: Response) -> str:
+    try:
+        data = json.loads(resp.body)
+        message = data.get("error") if isinstance(data, dict) else None
+    except ValueError:
+        message = None
+    if not isinstance(message, str):
+        message = resp.body[:MAX_ERROR_CHARS].decode("utf-8", "replace").strip() or "(no body)"
+    return message[:MAX_ERROR_CHARS]
+
+
+def _retry_after(resp: Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: ignored, the backoff applies
+
+
+__all__ = ["CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport", "DATATYPES"]

@@ -1,0 +1,314 @@
+"""The V2 cloud client's own logic: retries, backoff, budget, breaker, deadline, token, URL rules and the wire format.
+
+These drive the client through a scripted transport (the injectable-transport idea of httpx's MockTransport) on a
+fake clock, so every timing decision is exact; the same client against a real server on loopback, through a
+fault-injecting proxy, is in test_cloud_interop.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import numpy as np
+import pytest
+
+from edgesdk.cloud.client import CircuitBreaker, CloudClient, Response, RetryBudget, _decode, _encode
+from edgesdk.errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def ok_body(rid: str | None = None) -> bytes:
+    out = {"model_name": "digits", "outputs": [{"name": "output_0", "shape": [1, 3], "datatype": "FP32",
+                                                "data": [0.1, 0.7, 0.2]}]}
+    if rid is not None:
+        out["id"] = rid
+    return json.dumps(out).encode()
+
+
+class Script:
+    """A transport that answers from a list: a status code, an exception instance, or a Response; records each
+    request. ``cost_s`` is how much fake time each attempt takes."""
+
+    def __init__(self, clock: Clock, *steps, cost_s: float = 0.01):
+        self.clock, self.steps, self.cost_s = clock, list(steps), cost_s
+        self.requests: list[dict] = []
+
+    def request(self, method, url, headers, body, timeout_s):
+        self.requests.append({"method": method, "url": url, "headers": dict(headers), "body": body,
+                              "timeout_s": timeout_s})
+        self.clock.t += self.cost_s
+        step = self.steps.pop(0) if self.steps else 200
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, Response):
+            return step
+        if step == 200:
+            rid = json.loads(body)["id"] if body else None
+            return Response(200, {}, ok_body(rid) if method == "POST" else b'{"live": true}')
+        return Response(step, {}, json.dumps({"error": f"status {step} from the script"}).encode())
+
+    def close(self):
+        pass
+
+
+def client(clock, transport, **options) -> CloudClient:
+    options = {"binary": False, "rng": random.Random(0), "deadline_s": 5.0, "timeout_s": 1.0, **options}
+    return CloudClient("http://127.0.0.1:9", "digits", transport=transport, clock=clock, sleep=clock.sleep, **options)
+
+
+X = [np.zeros((1, 1, 8, 8), np.float32)]
+
+
+def test_a_good_call_returns_the_outputs_and_sends_json():
+    clock = Clock()
+    script = Script(clock, 200)
+    outs = client(clock, script).infer(X, ["x"], request_id="r1")
+    assert len(outs) == 1 and outs[0].dtype == np.float32 and outs[0].shape == (1, 3)
+    sent = json.loads(script.requests[0]["body"])
+    assert sent["id"] == "r1" and sent["inputs"][0] == {"name": "x", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                                         "data": [0.0] * 64}
+    assert script.requests[0]["url"] == "http://127.0.0.1:9/v2/models/digits/infer"
+
+
+def test_retryable_failures_are_retried_with_capped_full_jitter_backoff():
+    clock = Clock()
+    script = Script(clock, ConnectionResetError("reset"), 503, 429, 200)
+    c = client(clock, script, max_attempts=4, backoff_base_s=0.1, backoff_cap_s=0.25)
+    assert c.infer(X, ["x"])[0].shape == (1, 3)
+    assert len(script.requests) == 4
+    caps = [0.1, 0.2, 0.25]  # base * 2**n, capped
+    assert len(clock.sleeps) == 3 and all(0 <= s <= cap for s, cap in zip(clock.sleeps, caps))
+    assert c.stats()["retries"] == 3 and c.stats()["ok"] == 1
+
+
+def test_jitter_is_full_jitter():
+    """Over many draws the pauses spread over [0, cap], not around the cap (the point of full jitter)."""
+    clock = Clock()
+    pauses = []
+    for seed in range(200):
+        script = Script(clock, 503, 200)
+        client(clock, script, rng=random.Random(seed), backoff_base_s=0.1).infer(X, ["x"])
+    pauses = clock.sleeps
+    assert min(pauses) < 0.01 and max(pauses) > 0.09 and 0.04 < sum(pauses) / len(pauses) < 0.06
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+def test_a_rejection_is_not_retried_and_carries_the_server_message(status):
+    clock = Clock()
+    script = Script(clock, status)
+    with pytest.raises(CloudRejected, match=f"answered {status}: status {status} from the script") as caught:
+        client(clock, script).infer(X, ["x"])
+    assert caught.value.status == status and caught.value.reason == "rejected" and caught.value.attempts == 1
+    assert len(script.requests) == 1 and clock.sleeps == []
+
+
+def test_a_500_is_a_server_error_not_retried():
+    clock = Clock()
+    script = Script(clock, 500)
+    with pytest.raises(CloudError, match="answered 500") as caught:
+        client(clock, script).infer(X, ["x"])
+    assert caught.value.reason == "server_error" and len(script.requests) == 1
+
+
+def test_attempts_are_capped_and_the_last_failure_is_named():
+    clock = Clock()
+    script = Script(clock, 503, 503, 503, 200)
+    with pytest.raises(CloudUnavailable, match=r"failed after 3 attempts: 503 status 503") as caught:
+        client(clock, script, max_attempts=3).infer(X, ["x"])
+    assert caught.value.reason == "overloaded" and caught.value.attempts == 3 and caught.value.status == 503
+
+
+def test_the_deadline_bounds_the_whole_call_and_each_attempt():
+    clock = Clock()
+    script = Script(clock, TimeoutError("slow"), TimeoutError("slow"), 200, cost_s=0.4)
+    c = client(clock, script, deadline_s=0.5, timeout_s=0.3, max_attempts=5, backoff_base_s=0.05)
+    with pytest.raises(CloudTimeout) as caught:
+        c.infer(X, ["x"])
+    assert caught.value.reason == "timeout"
+    assert script.requests[0]["timeout_s"] == pytest.approx(0.3)  # min(timeout_s, remaining)
+    assert all(r["timeout_s"] <= 0.5 for r in script.requests)
+    assert clock.t <= 0.5 + 0.4 + 1e-9  # at most one attempt's cost past the deadline (the fake transport overruns)
+
+
+def test_retry_after_is_honoured_within_the_cap():
+    clock = Clock()
+    script = Script(clock, Response(503, {"retry-after": "0.2"}, b'{"error": "busy"}'), 200)
+    client(clock, script, backoff_base_s=0.01).infer(X, ["x"])
+    assert clock.sleeps == [pytest.approx(0.2)]
+
+
+def test_the_retry_budget_limits_retries_to_a_share_of_calls():
+    clock = Clock()
+    budget = RetryBudget(ratio=0.1, reserve=2)
+    script = Script(clock, *([503] * 1000))
+    c = client(clock, script, retry_budget=budget, max_attempts=3, breaker=CircuitBreaker(min_calls=20, window=20,
+                                                                                         failure_rate=1.0,
+                                                                                         cooldown_s=0))
+    reasons = []
+    for _ in range(50):
+        with pytest.raises(CloudError) as caught:
+            c.infer(X, ["x"])
+        reasons.append(caught.value.reason)
+    stats = c.stats()
+    assert stats["retries"] <= 0.1 * stats["calls"] + 2
+    assert "retry_budget" in reasons and stats["retries_refused"] > 0
+
+
+def test_the_breaker_opens_fails_fast_and_recovers_after_a_probe():
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=0.5, window=10, min_calls=4, cooldown_s=5.0, clock=clock)
+    script = Script(clock, *([ConnectionRefusedError("down")] * 4))
+    c = client(clock, script, breaker=breaker, max_attempts=1)
+    for _ in range(4):
+        with pytest.raises(CloudUnavailable, match="unreachable"):
+            c.infer(X, ["x"])
+    assert breaker.state == "open" and breaker.opened == 1
+    sent = len(script.requests)
+    with pytest.raises(CloudUnavailable, match="circuit .* is open") as caught:
+        c.infer(X, ["x"])
+    assert caught.value.reason == "circuit_open" and len(script.requests) == sent  # failed at once, nothing sent
+    clock.t += 5.0  # cool-down passed: one probe goes through and succeeds
+    assert c.infer(X, ["x"])[0].shape == (1, 3)
+    assert breaker.state == "closed" and breaker.recovered == 1
+
+
+def test_a_failed_probe_opens_the_breaker_again():
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=1.0, window=2, min_calls=2, cooldown_s=1.0, clock=clock)
+    script = Script(clock, 503, 503, 503)
+    c = client(clock, script, breaker=breaker, max_attempts=1)
+    for _ in range(2):
+        with pytest.raises(CloudUnavailable):
+            c.infer(X, ["x"])
+    clock.t += 1.0
+    with pytest.raises(CloudUnavailable, match="overloaded|503"):
+        c.infer(X, ["x"])  # the probe
+    assert breaker.state == "open" and breaker.opened == 2
+
+
+def test_rejections_do_not_open_the_breaker():
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=0.5, window=4, min_calls=2, clock=clock)
+    c = client(clock, Script(clock, 400, 400, 400, 400), breaker=breaker)
+    for _ in range(4):
+        with pytest.raises(CloudRejected):
+            c.infer(X, ["x"])
+    assert breaker.state == "closed"
+
+
+def test_bearer_token_from_the_environment_is_sent_and_never_logged(monkeypatch, caplog):
+    clock = Clock()
+    monkeypatch.setenv("EDGESDK_TEST_TOKEN", "s3cret-token")
+    script = Script(clock, 503, 200)
+    c = client(clock, script, token_env="EDGESDK_TEST_TOKEN")
+    with caplog.at_level(logging.DEBUG, logger="edgesdk.cloud"):
+        c.infer(X, ["x"])
+    assert all(r["headers"]["Authorization"] == "Bearer s3cret-token" for r in script.requests)
+    assert caplog.records and "s3cret" not in caplog.text and "s3cret" not in repr(c)
+    assert '"data"' not in caplog.text  # no request body either
+    monkeypatch.delenv("EDGESDK_TEST_TOKEN")
+    with pytest.raises(CloudError, match="EDGESDK_TEST_TOKEN .* is not set"):
+        c.infer(X, ["x"])
+
+
+def test_a_token_callback_is_called_per_request():
+    clock = Clock()
+    tokens = iter(["a", "b"])
+    script = Script(clock, 200, 200)
+    c = client(clock, script, token=lambda: next(tokens))
+    c.infer(X, ["x"])
+    c.infer(X, ["x"])
+    assert [r["headers"]["Authorization"] for r in script.requests] == ["Bearer a", "Bearer b"]
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://cloud.example.com:8080", "plain http to a non-loopback host"),
+    ("ftp://127.0.0.1", "must be http"),
+    ("https://user:pw@cloud.example.com", "must not carry credentials"),
+    ("127.0.0.1:8080", "must be http"),
+])
+def test_bad_urls_are_refused(url, message):
+    with pytest.raises(InputError, match=message):
+        CloudClient(url, "digits")
+
+
+def test_loopback_http_is_allowed_and_insecure_http_needs_opting_in():
+    assert CloudClient("http://localhost:8080/", "digits").url == "http://localhost:8080"
+    assert CloudClient("http://[::1]:8080", "digits").url == "http://[::1]:8080"
+    assert CloudClient("http://10.0.0.5:8080", "digits", allow_insecure_http=True).url == "http://10.0.0.5:8080"
+
+
+def test_binary_encoding_round_trips_and_names_its_header_length():
+    arrays = [np.arange(6, dtype=np.float32).reshape(1, 6), np.array([[1, 2]], np.int64)]
+    body, headers = _encode(arrays, ["a", "b"], "rid", binary=True)
+    n = int(headers["Inference-Header-Content-Length"])
+    header = json.loads(body[:n])
+    assert header["parameters"] == {"binary_data_output": True}
+    assert [i["parameters"]["binary_data_size"] for i in header["inputs"]] == [24, 16]
+    reply = json.dumps({"id": "rid", "outputs": [
+        {"name": "a", "shape": [1, 6], "datatype": "FP32", "parameters": {"binary_data_size": 24}},
+        {"name": "b", "shape": [1, 2], "datatype": "INT64", "parameters": {"binary_data_size": 16}}]}).encode()
+    resp = Response(200, {"inference-header-content-length": str(len(reply))}, reply + body[n:])
+    a, b = _decode(resp, "rid")
+    np.testing.assert_array_equal(a, arrays[0])
+    np.testing.assert_array_equal(b, arrays[1])
+
+
+SHORT = b'{"outputs": [{"name": "o", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}'
+
+
+@pytest.mark.parametrize("body, headers, message", [
+    (b"not json", {}, "not valid V2"),
+    (b'{"outputs": [{"name": "o", "shape": [2], "datatype": "FP32", "data": [1.0]}]}', {}, "not valid V2"),
+    (b'{"id": "other", "outputs": []}', {}, "answers request 'other'"),
+    (SHORT, {"inference-header-content-length": str(len(SHORT))}, "needs 4 bytes"),
+])
+def test_malformed_responses_are_bad_response_errors(body, headers, message):
+    with pytest.raises(CloudError, match=message) as caught:
+        _decode(Response(200, headers, body), "rid")
+    assert caught.value.reason == "bad_response"
+
+
+def test_fp16_needs_the_binary_extension():
+    with pytest.raises(InputError, match="FP16, which cannot travel as JSON"):
+        _encode([np.zeros(2, np.float16)], ["h"], "rid", binary=False)
+
+
+def test_binary_is_used_when_the_server_lists_it():
+    clock = Clock()
+    meta = Response(200, {}, json.dumps({"name": "srv", "extensions": ["binary_tensor_data"]}).encode())
+    reply = json.dumps({"outputs": [{"name": "o", "shape": [1], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4}}]}).encode()
+    answer = Response(200, {"inference-header-content-length": str(len(reply))},
+                      reply + np.float32(2.5).tobytes())
+    script = Script(clock, meta, answer)
+    c = CloudClient("http://127.0.0.1:9", "digits", transport=script, clock=clock, sleep=clock.sleep)
+    assert c.infer(X, ["x"])[0].tolist() == [2.5]
+    assert script.requests[1]["headers"]["Content-Type"] == "application/octet-stream"
+
+
+def test_check_inputs_names_every_difference():
+    clock = Clock()
+    meta = {"name": "digits", "inputs": [{"name": "x", "datatype": "FP16", "shape": [-1, 1, 8, 9]}],
+            "outputs": []}
+    c = client(clock, Script(clock, Response(200, {}, json.dumps(meta).encode())))
+    with pytest.raises(CloudError, match=r"'x' is FP16 there, FP32 here; input 'x' has shape \[-1, 1, 8, 9\]") as e:
+        c.check_inputs([{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}])
+    assert e.value.reason == "model_mismatch"
+    meta["inputs"][0].update(datatype="FP32", shape=[-1, 1, 8, 8])
+    c = client(clock, Script(clock, Response(200, {}, json.dumps(meta).encode())))
+    assert c.check_inputs([{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}])["name"] == "digits"
