@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -16,11 +14,10 @@ from . import autotune, memory, numerics, selection
 from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .errors import BackendUnavailable, BudgetExceeded, InputError
+from .bundle_io import BundleIO, Top
 from .placement import Candidate, Placement, Skip
 from .thermal.serving import ThermalServing
 
-MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
-MAX_ARRAY_ELEMENTS = 100_000_000
 _ENGINES_LOADED: set[str] = set()  # engines that served a load in this process (their libraries are warm)
 
 
@@ -59,14 +56,6 @@ class RuntimeOptions:
     profile: str | Path | None = None
     threads: int | None = None
     budgets: Budgets = field(default_factory=Budgets)
-
-
-class Top(NamedTuple):
-    """One of the top-k classes (a NamedTuple: built on every prediction, so kept cheap)."""
-
-    index: int
-    label: str | None
-    score: float
 
 
 @dataclass
@@ -343,17 +332,12 @@ class Model:
             ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives, check_numerics)
         self._engine = engine
         self._lock = threading.Lock()
-        self._pre = bundle.preprocess
-        self._inputs = bundle.manifest["inputs"]
-        self._shapes = [tuple(t["shape"]) for t in self._inputs]
-        self._post = bundle.manifest.get("postprocess") or {}
-        self._softmax = bool(self._post.get("softmax"))
-        self._top_k = int(self._post.get("top_k", 5))
-        self._labels = bundle.labels
+        self.io = BundleIO(bundle)
+        self._feeds, self._top = self.io.feeds, self.io.top  # bound once: called on every prediction
 
     @property
     def labels(self) -> list[str] | None:
-        return self._labels
+        return self.io.labels
 
     # -- inference ------------------------------------------------------------
     def predict(self, x: Any) -> Result:
@@ -385,73 +369,6 @@ class Model:
         """Predict each input in turn (artifacts are compiled for batch 1)."""
         return [self.predict(x) for x in xs]
 
-    def _feeds(self, x: Any) -> list[np.ndarray]:
-        if len(self._inputs) > 1:
-            if isinstance(x, dict):
-                missing = [t["name"] for t in self._inputs if t["name"] not in x]
-                if missing:
-                    raise InputError(f"model {self.bundle.name!r} has inputs {[t['name'] for t in self._inputs]}; "
-                                     f"missing {missing}")
-                x = [x[t["name"]] for t in self._inputs]
-            if not isinstance(x, (list, tuple)) or len(x) != len(self._inputs):
-                raise InputError(f"model {self.bundle.name!r} takes {len(self._inputs)} inputs "
-                                 f"({', '.join(t['name'] for t in self._inputs)}): pass a list or a dict")
-            return [self._array(v, i) for i, v in enumerate(x)]
-        return [self._one(x)]
-
-    def _one(self, x: Any) -> np.ndarray:
-        # A uint8 array is an image whenever the bundle says how to preprocess images; other numeric
-        # arrays are model inputs already.
-        if isinstance(x, np.ndarray) and not (x.dtype == np.uint8 and self._pre is not None):
-            return self._array(x, 0)
-        if isinstance(x, (str, Path, np.ndarray)) or type(x).__module__.startswith("PIL"):
-            if self._pre is None:
-                raise InputError(f"bundle {self.bundle.name!r} has no preprocess spec: pass a float array of "
-                                 f"shape {list(self._shapes[0])}")
-            _check_image_size(x)
-            return self._pre(x)
-        return self._array(x, 0)
-
-    def _array(self, x: Any, i: int) -> np.ndarray:
-        spec = self._inputs[i]
-        try:
-            arr = np.asarray(x)
-        except (ValueError, TypeError) as exc:  # ragged nested lists and the like
-            raise InputError(f"input {spec['name']!r} is not an array: {exc}") from exc
-        if arr.dtype.kind not in "fiu":
-            raise InputError(f"input {spec['name']!r} must be numeric, got dtype {arr.dtype}")
-        if arr.size > MAX_ARRAY_ELEMENTS:
-            raise InputError(f"input {spec['name']!r} has {arr.size} elements; the model takes "
-                             f"{int(np.prod(self._shapes[i]))}")
-        shape = self._shapes[i]
-        if tuple(arr.shape) == shape[1:]:
-            arr = arr[None]
-        if tuple(arr.shape) != shape:
-            raise InputError(f"input {spec['name']!r} must have shape {list(shape)} (or {list(shape[1:])}); "
-                             f"got {list(arr.shape)}")
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        # One BLAS pass (vdot: the sum of squares): NaN and Inf propagate into it. Finite values so large
-        # that their squares overflow are rare and get the exact check before being refused.
-        if not math.isfinite(float(np.vdot(arr, arr))) and not np.isfinite(arr).all():
-            raise InputError(f"input {spec['name']!r} holds NaN or Inf values")
-        return arr
-
-    def _top(self, outputs: list[np.ndarray]) -> list[Top]:
-        if self._post.get("type") != "classification":
-            return []
-        scores = outputs[0].reshape(-1)
-        if self._softmax:
-            e = np.exp(scores - scores.max(), dtype=np.float64)
-            scores = e / e.sum()
-        k = min(self._top_k, scores.size)
-        idx = np.argsort(-scores, kind="stable") if scores.size <= 64 else np.argpartition(-scores, k - 1)
-        idx = idx[:k]
-        if scores.size > 64:
-            idx = idx[np.argsort(-scores[idx], kind="stable")]
-        labels = self._labels or ()
-        return [Top(i, labels[i] if i < len(labels) else None, v)
-                for i, v in zip(idx.tolist(), scores[idx].tolist())]
-
     # -- lifetime -------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
@@ -467,27 +384,3 @@ class Model:
 
     def __repr__(self) -> str:
         return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
-
-
-def _check_image_size(x: Any) -> None:
-    """Refuse absurd images from their header, before decoding a single pixel."""
-    if isinstance(x, (str, Path)):
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(x) as img:
-                w, h = img.size
-        except FileNotFoundError as exc:
-            raise InputError(f"image not found: {x}") from exc
-        except Image.DecompressionBombError as exc:
-            raise InputError(f"{x}: image is too large to decode safely ({exc})") from exc
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise InputError(f"{x} is not a readable image: {exc}") from exc
-    elif isinstance(x, np.ndarray):
-        h, w = x.shape[:2] if x.ndim >= 2 else (x.size, 1)
-    else:
-        w, h = x.size
-    if w * h == 0:
-        raise InputError(f"image is {w}x{h} pixels: empty")
-    if w * h > MAX_IMAGE_PIXELS:
-        raise InputError(f"image is {w}x{h} pixels; more than {MAX_IMAGE_PIXELS} is refused")

@@ -967,11 +967,8 @@ def test_a_failed_switch_is_tried_again_later(digits_bundle, tmp_path, fake_npu,
         assert model.predict(x).placement.engine == "fake-npu"
 
 
-def test_without_golden_data_a_switch_follows_check_numerics(digits_bundle, tmp_path, engine_log):
+def test_a_switch_follows_check_numerics_and_a_failing_check_leaks_nothing(digits_bundle, tmp_path, engine_log):
     """A bundle loaded with check_numerics=False switches unchecked; an error in the check never leaks an engine."""
-    import json
-    import shutil
-
     import edgesdk
     from edgesdk import Bundle
     from edgesdk import numerics

@@ -191,6 +191,12 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
             "source": calib_ds.origin,
             "seed": seed,
             "stratified": calib_ds.labels is not None,
+            # What the INT8 input quantization was calibrated on (min/max per input): the device measures how
+            # much of an input falls outside it (hybrid mode's clipped-share signal).
+            "input_ranges": [{"name": spec.name,
+                              "min": float(min(float(np.min(s[i])) for s in calib_samples)),
+                              "max": float(max(float(np.max(s[i])) for s in calib_samples))}
+                             for i, spec in enumerate(src.inputs)],
         },
         "validation_data": val_origin,
         "validation": metrics,

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from .. import numerics
 from ..engines import Engine, open_engine
-from ..errors import BackendUnavailable, BudgetExceeded
+from ..errors import BudgetExceeded
 from ..placement import Candidate, Placement
 from .governor import Plan, describe
 
