@@ -7,6 +7,7 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 from .bundle import Artifact, Bundle
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
                      CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, InputError, ValidationFailed)
+from .hybrid import EscalationPolicy, HybridModel, HybridOptions
 from .model import Budgets, Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
 from .pool import ModelPool
@@ -15,7 +16,8 @@ from .preprocess import Preprocess
 __version__ = "0.1.0"
 
 __all__ = [
-    "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle", "Preprocess",
+    "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle",
+    "Preprocess", "HybridOptions", "EscalationPolicy", "HybridModel",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
     "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
     "__version__",

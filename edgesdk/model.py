@@ -15,6 +15,7 @@ from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .errors import BackendUnavailable, BudgetExceeded, InputError
 from .bundle_io import BundleIO, Top
+from .hybrid import HybridModel, HybridOptions
 from .placement import Candidate, Placement, Skip
 from .thermal.serving import ThermalServing
 
@@ -56,11 +57,17 @@ class RuntimeOptions:
     profile: str | Path | None = None
     threads: int | None = None
     budgets: Budgets = field(default_factory=Budgets)
+    hybrid: HybridOptions = field(default_factory=HybridOptions)
 
 
 @dataclass
 class Result:
     """One prediction: raw outputs, top-k (classification), where it ran and how long each stage took.
+
+    In hybrid mode (:mod:`edgesdk.hybrid`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
+    (why the cloud was asked), ``degraded`` (the cloud failed and the device answered), ``cloud_error`` (the
+    cloud failure's reason) and ``signals`` (the device output's hardness signals). ``placement`` is the
+    device's, None when the cloud answered a model that has no device backend.
 
     The top-k postprocessing runs when ``top`` is first read (an app that only needs the raw outputs
     does not pay for it); ``timings_ms["postprocess"]`` is recorded then.
@@ -71,6 +78,10 @@ class Result:
     timings_ms: dict[str, float]
     source: str = "device"
     budget: dict[str, Any] = field(default_factory=dict)
+    escalation_reason: str | None = None
+    degraded: bool = False
+    signals: dict[str, float | None] | None = None
+    cloud_error: str | None = None
     _topk: Any = field(default=None, repr=False, compare=False)
     _top: list[Top] | None = field(default=None, repr=False, compare=False)
 
@@ -83,16 +94,41 @@ class Result:
         return self._top
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "top": [t._asdict() for t in self.top], "timings_ms": self.timings_ms,
-                "outputs": [o.tolist() for o in self.outputs], "budget": self.budget}
+        return {"source": self.source, "escalation_reason": self.escalation_reason, "degraded": self.degraded,
+                "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
+                "timings_ms": self.timings_ms, "outputs": [o.tolist() for o in self.outputs], "budget": self.budget}
 
 
-def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: Any) -> "Model":
+def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: Any) -> "Model | HybridModel":
     """Open and verify a bundle, pick a backend per the options, check its numerics, return a Model.
 
-    Keyword shortcuts override ``options`` fields: ``load(p, policy="cpu-only", require="NPU")``.
+    Keyword shortcuts override ``options`` fields: ``load(p, policy="cpu-only", require="NPU")``;
+    ``memory_mb``/``thermal`` set the budgets, ``mode``/``cloud``/``token_env``/``escalation`` the hybrid
+    options. In a hybrid mode other than ``device-only`` the result is a :class:`~edgesdk.hybrid.HybridModel`
+    (same ``predict``), which also serves when the device cannot (``prefer-*`` modes).
     """
-    return _load(path, _options(options, overrides), memory.rss_mb)
+    opts = _options(options, overrides)
+    if opts.hybrid.mode == "device-only":
+        return _load(path, opts, memory.rss_mb)
+    return _load_hybrid(path, opts)
+
+
+def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
+    from .cloud.client import CloudClient
+
+    hyb = opts.hybrid
+    bundle = Bundle.open(path)
+    owns = isinstance(hyb.cloud, str)
+    cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
+    device, error = None, None
+    if hyb.mode != "cloud-only":
+        try:
+            device = _load(path, opts, memory.rss_mb)
+        except (BackendUnavailable, BudgetExceeded) as exc:  # the cloud serves what the device cannot
+            error = exc
+    model = HybridModel(bundle, device, error, hyb, cloud)
+    model._owns_cloud = owns
+    return model
 
 
 def _options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> RuntimeOptions:
@@ -100,6 +136,11 @@ def _options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> Runti
     budget_overrides = {k: overrides.pop(k) for k in ("memory_mb", "thermal") if k in overrides}
     if budget_overrides:
         opts = replace(opts, budgets=replace(opts.budgets, **budget_overrides))
+    hybrid = {k: overrides.pop(k) for k in ("mode", "cloud", "token_env") if k in overrides}
+    if "escalation" in overrides:
+        hybrid["policy"] = overrides.pop("escalation")
+    if hybrid:
+        opts = replace(opts, hybrid=replace(opts.hybrid, **hybrid))
     try:
         return replace(opts, **overrides)
     except TypeError as exc:
@@ -144,7 +185,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     decision = None
     if opts.policy == "autotune":
         # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
-        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items() if k != "budgets"})
+        key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items()
+                                           if k not in ("budgets", "hybrid")})
         decision = autotune.lookup(key)
         if decision:  # try the cached winner first; it is still checked
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
@@ -345,8 +387,10 @@ class Model:
         manifest; or a float array of the model's input shape (with or without the batch axis);
         or, for several inputs, a list or a {name: array} dict."""
         t0 = time.perf_counter()
-        feeds = self._feeds(x)
-        t1 = time.perf_counter()
+        return self._run(self._feeds(x), t0)
+
+    def _run(self, feeds: list[np.ndarray], t0: float, t1: float = 0.0) -> Result:
+        """Run prepared input tensors (from ``self._feeds``) under the lock and the budgets."""
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")

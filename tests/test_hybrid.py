@@ -1,0 +1,93 @@
+"""Hybrid mode's device side: hardness signals, the escalation policy, options, and device-only staying offline.
+
+The runs against a real V2 server on loopback (edgesdk serve on KServe's ModelServer), with faults injected, are
+in test_hybrid_cloud.py.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+import edgesdk
+from edgesdk import Bundle, EscalationPolicy, HybridOptions
+from edgesdk.errors import InputError
+from edgesdk.hybrid import DEFAULT_THRESHOLDS, signals
+
+
+def test_signals_of_a_confident_and_an_unsure_distribution():
+    sure = signals(np.array([0.97, 0.01, 0.01, 0.01]))
+    unsure = signals(np.array([0.4, 0.35, 0.15, 0.1]))
+    assert sure["max_prob"] == pytest.approx(0.97) and sure["margin"] == pytest.approx(0.96)
+    assert unsure["max_prob"] == pytest.approx(0.4) and unsure["margin"] == pytest.approx(0.05)
+    assert 0.0 <= sure["entropy"] < 0.2 < 0.8 < unsure["entropy"] <= 1.0
+    uniform = signals(np.full(10, 0.1))
+    assert uniform["entropy"] == pytest.approx(1.0) and uniform["margin"] == pytest.approx(0.0)
+    assert sure["clipped_share"] is None  # no calibration range given
+
+
+def test_clipped_share_counts_values_outside_the_calibrated_range():
+    x = np.linspace(-1.0, 2.0, 100, dtype=np.float32).reshape(1, 100)
+    sig = signals(None, [x], [{"name": "x", "min": 0.0, "max": 1.0}])
+    assert sig["max_prob"] is None
+    assert sig["clipped_share"] == pytest.approx(np.mean((x < 0) | (x > 1)))
+
+
+def test_policy_reasons():
+    policy = EscalationPolicy(signal="max_prob", threshold=0.8, max_clipped=0.1)
+    assert policy.reason({"max_prob": 0.9, "clipped_share": 0.0}) is None
+    assert policy.reason({"max_prob": 0.7, "clipped_share": 0.0}) == "low_confidence"
+    assert policy.reason({"max_prob": 0.9, "clipped_share": 0.2}) == "out_of_range"
+    entropy = EscalationPolicy(signal="entropy", threshold=0.5, max_clipped=None)
+    assert entropy.reason({"entropy": 0.6, "clipped_share": 0.9}) == "low_confidence"
+    assert entropy.reason({"entropy": 0.4, "clipped_share": 0.9}) is None
+
+
+def test_policy_threshold_comes_from_the_bundle_then_the_default():
+    calibrated = {"hybrid": {"signal": "max_prob", "threshold": 0.83}}
+    assert EscalationPolicy().resolved(calibrated).threshold == 0.83
+    assert EscalationPolicy(signal="margin").resolved(calibrated).threshold == DEFAULT_THRESHOLDS["margin"]
+    assert EscalationPolicy(threshold=0.5).resolved(calibrated).threshold == 0.5
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"signal": "vibes"}, "signal must be one of max_prob, margin, entropy"),
+    ({"threshold": 1.5}, "threshold must be a number in"),
+    ({"max_clipped": -0.1}, "max_clipped must be a number in"),
+])
+def test_policy_misuse(options, message):
+    with pytest.raises(InputError, match=message):
+        EscalationPolicy(**options)
+
+
+def test_hybrid_options_misuse():
+    with pytest.raises(InputError, match="hybrid mode must be one of device-only, cloud-only"):
+        HybridOptions(mode="sometimes")
+    with pytest.raises(InputError, match="'prefer-device' needs a cloud endpoint"):
+        HybridOptions(mode="prefer-device")
+
+
+def test_a_plain_http_cloud_off_the_loopback_is_refused_at_load(digits_bundle):
+    with pytest.raises(InputError, match="plain http to a non-loopback host"):
+        edgesdk.load(digits_bundle.bundle, mode="prefer-device", cloud="http://cloud.example.com:8080")
+
+
+def test_device_only_opens_no_socket(digits_bundle, monkeypatch):
+    """In device-only mode nothing leaves the device: any socket creation fails the test."""
+    opened = []
+
+    class NoSockets(socket.socket):
+        def __init__(self, *args, **kwargs):
+            opened.append(args)
+            raise AssertionError("device-only mode opened a socket")
+
+    monkeypatch.setattr(socket, "socket", NoSockets)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: opened.append(a) or NoSockets())
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, mode="device-only", require="onnxruntime") as model:
+        result = model.predict(x)
+    assert result.source == "device" and not result.degraded and result.escalation_reason is None
+    assert opened == []
+    assert isinstance(model, edgesdk.Model)  # device-only is the plain device model
