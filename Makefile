@@ -1,5 +1,5 @@
 # The two commands: `make demo` (set up, then quantize the digits sample) and `make test`.
-# Everything installs into .venv; nothing is needed beforehand but python3 (>= 3.10).
+# Everything installs into .venv (and the cloud server into .venv-cloud); nothing is needed beforehand but python3 (>= 3.10).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,8 +7,11 @@ PY := $(VENV)/bin/python
 # The CPU build of torch goes in first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 EXTRAS ?= convert,litert,openvino,onnxruntime,dev
+# The cloud side (`edgesdk serve`, KServe) has its own venv: kserve pins protobuf < 7, which the converters need.
+CLOUD_VENV ?= .venv-cloud
+CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-cloud demo test bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,11 +22,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
+setup-cloud: $(CLOUD_VENV)/.installed
+
+$(CLOUD_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(CLOUD_VENV)
+	$(CLOUD_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/edgesdk demo
 
-test: setup
-	$(PY) -m pytest -q
+test: setup setup-cloud
+	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q
 
 bench: setup
 	$(PY) benchmarks/quantize.py

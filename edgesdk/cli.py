@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import BackendUnavailable, BudgetExceeded, ConversionError, EdgeSDKError, ValidationFailed
+from .errors import BackendUnavailable, BudgetExceeded, CloudError, ConversionError, EdgeSDKError, ValidationFailed
 
 app = typer.Typer(
     help="edgesdk: quantize models into validated INT8 bundles, inspect them, and run them on the best device here.",
@@ -186,10 +186,18 @@ def run(
     memory_mb: Optional[float] = typer.Option(None, "--memory-mb", help="Memory budget of the process in MB."),
     thermal_root: Optional[Path] = typer.Option(None, "--thermal-root", help="A directory laid out like /sys "
                                                 "(class/thermal/thermal_zone*/): govern inference by its zones."),
+    mode: str = typer.Option("device-only", "--mode", help="Hybrid mode: device-only, cloud-only, prefer-device, "
+                             "prefer-cloud."),
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="The cloud endpoint (Open Inference Protocol V2 "
+                                        "server URL) for hybrid modes."),
+    token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding the cloud's "
+                                            "bearer token."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Load a bundle on the best backend here and predict each input; shows where it really ran and the budget state.
 
+    With --mode other than device-only and --cloud URL, hard inputs (or all, per the mode) go to the cloud; each
+    result says its source, why it escalated and whether it is degraded (the cloud failed, the device answered).
     Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
     import numpy as np
 
@@ -206,52 +214,97 @@ def run(
             except (OSError, ValueError) as exc:
                 raise InputError(f"{p} is not a readable .npy array: {exc}") from exc
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
+    hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
-                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb, thermal=governor)
+                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb, thermal=governor, **hybrid)
     results: list = []
     with model:
         for p in inputs:
             try:
                 results.append(model.predict(arrays.get(p, p)))
-            except BudgetExceeded as exc:  # a budget refusal is an answer for this input, not a crash
+            except (BudgetExceeded, CloudError) as exc:  # a refusal is an answer for this input, not a crash
                 results.append(exc)
-    refused = any(isinstance(r, BudgetExceeded) for r in results)
+    refused = any(isinstance(r, (BudgetExceeded, CloudError)) for r in results)
+    device_model = getattr(model, "device", model)  # a HybridModel's device side (None: no device backend)
     if as_json:
         rows = []
         for p, r in zip(inputs, results):
             if isinstance(r, BudgetExceeded):
                 rows.append({"input": str(p), "source": None, "top": [],
                              "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
+            elif isinstance(r, CloudError):
+                rows.append({"input": str(p), "source": None, "top": [],
+                             "error": {"type": type(r).__name__, "reason": r.reason, "detail": r.detail}})
             else:
-                rows.append({"input": str(p), "source": r.source, "backend": _backend(r.placement),
+                rows.append({"input": str(p), "source": r.source, "escalation_reason": r.escalation_reason,
+                             "degraded": r.degraded, "cloud_error": r.cloud_error, "signals": r.signals,
+                             "backend": _backend(r.placement) if r.source == "device" else cloud,
                              "top": [t._asdict() for t in r.top], "timings_ms": r.timings_ms, "budget": r.budget})
-        state = {"memory": model.budget.get("memory"), "thermal": governor.state() if governor else None}
-        print(json.dumps({"placement": model.placement.to_dict(), "budget": state, "results": rows},
-                         indent=2, default=str))
+        memory_state = device_model.budget.get("memory") if device_model is not None else None
+        state = {"memory": memory_state, "thermal": governor.state() if governor else None}
+        placement = device_model.placement.to_dict() if device_model is not None else None
+        out = {"placement": placement, "budget": state, "results": rows}
+        if mode != "device-only":
+            out["hybrid"] = {"mode": mode, "cloud": cloud, "threshold": model.policy.threshold,
+                             "signal": model.policy.signal,
+                             "device_error": str(model.device_error) if model.device_error else None}
+        print(json.dumps(out, indent=2, default=str))
         if refused:
             raise typer.Exit(3)
         return
-    pl = model.placement
-    print(f"placement: {pl}")
-    print(f"  numerics: {pl.numerics}")
-    mem = model.budget.get("memory", {})
-    print(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
-          f"{', artifact switched to fit' if model.budget.get('action') == 'artifact_switched' else ''}")
-    for s in pl.skipped:
-        print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
+    if mode != "device-only":
+        print(f"hybrid: {mode} with {cloud} (escalates when {model.policy.signal} crosses "
+              f"{model.policy.threshold:g})")
+    if device_model is None:
+        print(f"placement: none on this device ({model.device_error}); the cloud answers")
+    pl = device_model.placement if device_model is not None else None
+    if pl is not None:
+        print(f"placement: {pl}")
+        print(f"  numerics: {pl.numerics}")
+        mem = device_model.budget.get("memory", {})
+        switched = device_model.budget.get("action") == "artifact_switched"
+        print(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
+              f"{', artifact switched to fit' if switched else ''}")
+        for s in pl.skipped:
+            print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
     if governor is not None:
         st = governor.state()
         print(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
     for p, r in zip(inputs, results):
-        if isinstance(r, BudgetExceeded):
+        if isinstance(r, (BudgetExceeded, CloudError)):
             print(f"{p}: refused ({r.reason}): {r.detail}")
             continue
         top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
         action = r.budget.get("action")
-        moved = f", on {_backend(r.placement)}" if _backend(r.placement) != _backend(pl) else ""
-        print(f"{p}: {top}  [{r.source}, {r.timings_ms['inference']:.3f} ms{', ' + action if action else ''}{moved}]")
+        notes = [f"{r.timings_ms.get('inference', r.timings_ms.get('cloud', 0.0)):.3f} ms"]
+        if action:
+            notes.append(action)
+        if r.source == "device" and pl is not None and _backend(r.placement) != _backend(pl):
+            notes.append(f"on {_backend(r.placement)}")
+        if r.escalation_reason:
+            notes.append(f"escalated: {r.escalation_reason}")
+        if r.degraded:
+            notes.append(f"degraded: cloud {r.cloud_error}")
+        print(f"{p}: {top}  [{r.source}, {', '.join(notes)}]")
     if refused:
         raise typer.Exit(3)
+
+
+@app.command()
+def serve(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
+                                           "accurate float artifact whose engine is installed)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="HTTP port."),
+) -> None:
+    """Host a bundle's model in KServe's ModelServer, over the Open Inference Protocol V2 REST: the cloud side of
+    hybrid mode (needs kserve: the cloud extra of edgesdk). Runs until interrupted.
+
+    Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
+    from .cloud.server import serve as serve_bundle
+
+    serve_bundle(bundle, artifact=artifact, host=host, port=port)
 
 
 def _backend(placement) -> str:

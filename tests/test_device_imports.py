@@ -9,7 +9,7 @@ import sys
 from edgesdk.engines import ENGINE_NAMES
 
 FORBIDDEN = ("torch", "nncf", "litert_torch", "edgesdk_converters", "converters", "tensorflow", "ai_edge_quantizer",
-             "onnx")
+             "onnx", "kserve", "fastapi", "uvicorn")
 ENGINE_PACKAGES = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
 
 _PRELUDE = f"""

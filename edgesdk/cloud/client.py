@@ -52,6 +52,8 @@ DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32":
              "FP32": np.float32, "FP64": np.float64}
 _V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+# Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
+SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_error", "bad_response", "retry_budget"})
 LOOPBACK_NAMES = ("localhost",)
 MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
 
@@ -144,9 +146,10 @@ class RetryBudget:
 
 
 class CircuitBreaker:
-    """Closed, open, half-open. Opens when at least ``min_calls`` of the last ``window`` attempts were made and
-    ``failure_rate`` of them failed; while open, calls fail at once. After ``cooldown_s`` one probe is let
-    through (half-open): success closes it, failure opens it again. Thread-safe; ``clock`` is injectable."""
+    """Closed, open, half-open. Opens when at least ``min_calls`` of the last ``window`` calls were made and
+    ``failure_rate`` of them failed (after their retries); while open, calls fail at once. After ``cooldown_s`` one
+    probe call is let through (half-open): success closes it, failure opens it again. Thread-safe; ``clock`` is
+    injectable."""
 
     def __init__(self, failure_rate: float = 0.5, window: int = 20, min_calls: int = 10, cooldown_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -348,18 +351,29 @@ class CloudClient:
 
     def _call(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], *, retry: bool = True,
               deadline_s: float | None = None) -> Response:
+        """One call (with its retries) through the circuit breaker, which counts calls, not attempts: a fault
+        that a retry rescued says nothing bad about the endpoint."""
+        with self._lock:
+            self._stats["calls"] += 1
+        if not self.breaker.allow():
+            raise self._fail(CloudUnavailable("circuit_open", f"the circuit to {self.url} is open after repeated "
+                                              "failures; calls fail at once until a probe succeeds"))
+        try:
+            resp = self._attempts(method, url, body, headers, retry, deadline_s)
+        except CloudError as exc:
+            self.breaker.record(exc.reason not in SERVER_FAILURES)
+            raise
+        self.breaker.record(True)
+        return resp
+
+    def _attempts(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], retry: bool,
+                  deadline_s: float | None) -> Response:
         start = self._clock()
         deadline = start + (deadline_s if deadline_s is not None else self.deadline_s)
         path = urlsplit(url).path
-        with self._lock:
-            self._stats["calls"] += 1
         self.retry_budget.deposit()
         attempts, status, last = 0, None, "unreachable"
         while True:
-            if not self.breaker.allow():
-                raise self._fail(CloudUnavailable("circuit_open", f"the circuit to {self.url} is open after "
-                                                  "repeated failures; calls fail at once until a probe succeeds",
-                                                  status, attempts))
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise self._fail(CloudTimeout("timeout", f"{method} {path}: no answer within the deadline "
@@ -382,7 +396,6 @@ class CloudClient:
                 log.debug("%s %s -> %d in %.1f ms (attempt %d)", method, path, status, (self._clock() - t0) * 1e3,
                           attempts)
                 if 200 <= status < 300:
-                    self.breaker.record(True)
                     with self._lock:
                         self._stats["ok"] += 1
                     return resp
@@ -390,14 +403,12 @@ class CloudClient:
                 if status not in RETRYABLE_STATUS:
                     # The request is at fault (4xx) or the server failed it for good (500): not retried. A
                     # 4xx says nothing about the server's health.
-                    self.breaker.record(status < 500)
                     cls = CloudRejected if 400 <= status < 500 else CloudError
                     reason = "rejected" if 400 <= status < 500 else "server_error"
                     raise self._fail(cls(reason, f"{method} {path} answered {status}: {message}", status,
                                          attempts))
                 last = f"{status} {message}"
                 retry_after = _retry_after(resp)
-            self.breaker.record(False)
             log.debug("%s %s failed (attempt %d): %s", method, path, attempts, last)
             if not retry or attempts >= self.max_attempts:
                 break

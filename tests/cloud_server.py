@@ -1,0 +1,115 @@
+"""A real ``edgesdk serve`` for the tests: started in the cloud venv, reached over loopback with the standard library.
+
+The cloud venv (kserve, tritonclient, onnxruntime) is ``$EDGESDK_CLOUD_VENV``, by default ``<repo>/.venv-cloud``,
+made by ``make setup-cloud``. Without it the tests that need it fail with that fix; they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import REPO
+
+READY_TIMEOUT_S = 90  # kserve, fastapi and onnxruntime import in a few seconds; a shared 2-core machine is slower
+
+
+def cloud_venv() -> Path:
+    venv = Path(os.environ.get("EDGESDK_CLOUD_VENV") or REPO / ".venv-cloud")
+    if not (venv / "bin" / "edgesdk").is_file() or not (venv / "bin" / "python").is_file():
+        pytest.fail(f"the cloud venv {venv} is not set up (edgesdk serve and tritonclient run there): run "
+                    "`make setup-cloud`, or set EDGESDK_CLOUD_VENV to a venv with "
+                    "pip install -e '.[cloud,cloud-dev,onnxruntime]'", pytrace=False)
+    return venv
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def call(url: str, body: dict | None = None, headers: dict[str, str] | None = None,
+         timeout_s: float = 30) -> tuple[int, Any]:
+    """GET (or POST ``body`` as JSON) and return the status and the decoded JSON answer, also for 4xx/5xx."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    return status, json.loads(raw) if raw else None
+
+
+class CloudServer:
+    """``edgesdk serve BUNDLE ARGS...`` from the cloud venv, on a free port; a context manager.
+
+    Entering waits for ``/v2/health/ready`` (failing with the server's log when it does not come); leaving
+    sends SIGTERM and waits for the exit.
+    """
+
+    def __init__(self, bundle: Path, *args: str, log_dir: Path, host: str = "127.0.0.1"):
+        self.bundle = bundle
+        self.args = [*args] + (["--host", host] if host != "127.0.0.1" else [])
+        self.host = host
+        self.port = free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.log = log_dir / f"serve-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+
+    def __enter__(self) -> "CloudServer":
+        command = [str(cloud_venv() / "bin" / "edgesdk"), "serve", str(self.bundle), "--port", str(self.port),
+                   *self.args]
+        with open(self.log, "wb") as log:  # a file, not a pipe: a chatty server never blocks on a full pipe
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"`{' '.join(command)}` exited with {self.proc.returncode} before it was ready:\n"
+                            f"{self.output()[-4000:]}", pytrace=False)
+            try:
+                if call(f"{self.url}/v2/health/ready", timeout_s=2)[0] == 200:
+                    return self
+            except OSError:  # not listening yet
+                pass
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail(f"`{' '.join(command)}` was not ready after {READY_TIMEOUT_S} s:\n{self.output()[-4000:]}",
+                    pytrace=False)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is None or self.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.returncode = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.returncode = self.proc.wait()
+
+    def output(self) -> str:
+        """What the server wrote so far (stdout and stderr, interleaved)."""
+        return self.log.read_text(errors="replace")
+
+    def infer(self, body: dict, model: str | None = None, **kw) -> tuple[int, Any]:
+        return call(f"{self.url}/v2/models/{model or self.model}/infer", body, **kw)
+
+    @property
+    def model(self) -> str:
+        return json.loads((self.bundle / "manifest.json").read_text())["name"]
