@@ -11,7 +11,7 @@ EXTRAS ?= convert,litert,openvino,onnxruntime,dev
 CLOUD_VENV ?= .venv-cloud
 CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
 
-.PHONY: setup setup-cloud demo test bench clean
+.PHONY: setup setup-cloud demo demo-hybrid test bench clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ $(CLOUD_VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(VENV)/bin/edgesdk demo
+
+# The cloud half of the demo: the device bundle's hard inputs go to a larger model served by `edgesdk serve`.
+demo-hybrid: setup setup-cloud
+	$(PY) samples/digits/hybrid.py --cloud-venv "$(abspath $(CLOUD_VENV))"
 
 test: setup setup-cloud
 	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q

@@ -312,3 +312,53 @@ def test_check_inputs_names_every_difference():
     meta["inputs"][0].update(datatype="FP32", shape=[-1, 1, 8, 8])
     c = client(clock, Script(clock, Response(200, {}, json.dumps(meta).encode())))
     assert c.check_inputs([{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}])["name"] == "digits"
+
+
+# -- TLS, on a real socket ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def https_server(tmp_path):
+    """A loopback HTTPS server with a fresh self-signed certificate for 127.0.0.1, answering /v2/health/live."""
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make a test certificate", pytrace=False)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+
+    class Live(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"live": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Live)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    server.shutdown()
+    server.server_close()
+
+
+def test_tls_certificates_are_verified(https_server):
+    url, cert = https_server
+    untrusted = CloudClient(url, "digits")
+    with pytest.raises(CloudUnavailable, match="SSLCertVerificationError") as caught:
+        untrusted.live()
+    assert caught.value.reason == "tls" and caught.value.attempts == 1  # not retried
+    trusted = CloudClient(url, "digits", cafile=str(cert))
+    assert trusted.live()

@@ -53,7 +53,8 @@ DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32":
 _V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 # Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
-SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_error", "bad_response", "retry_budget"})
+SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_error", "bad_response", "retry_budget",
+                             "tls"})
 LOOPBACK_NAMES = ("localhost",)
 MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
 
@@ -389,6 +390,10 @@ class CloudClient:
                                                min(self.timeout_s, remaining))
             except (TimeoutError, socket.timeout):
                 last, status = "timeout", None
+            except ssl.SSLError as exc:  # a certificate that does not verify will not verify on a retry either
+                raise self._fail(CloudUnavailable("tls", f"{method} {path}: the TLS connection to {self.url} failed "
+                                                  f"({type(exc).__name__}: {exc}); pass cafile= for a private CA",
+                                                  None, attempts)) from exc
             except OSError as exc:
                 last, status = f"unreachable ({type(exc).__name__})", None
             else:
