@@ -113,6 +113,54 @@ def demo(
     print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
 
 
+@app.command("calibrate-escalation")
+def calibrate_escalation(
+    bundle: Path = typer.Argument(..., help="The device bundle whose hybrid threshold is chosen."),
+    val: Path = typer.Option(..., "--val", help="Labelled validation data: image folder with one sub-folder per "
+                             "class, or .npz with x and y."),
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="The cloud endpoint (V2 server URL) to compare with."),
+    cloud_bundle: Optional[Path] = typer.Option(None, "--cloud-bundle", help="Or: a bundle run here in the cloud's "
+                                                "place."),
+    target_escalation: Optional[float] = typer.Option(None, "--target-escalation", help="Best accuracy escalating "
+                                                      "at most this share of inputs (e.g. 0.25)."),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="Fewest escalations reaching "
+                                                    "this hybrid accuracy (e.g. 0.99)."),
+    signal: str = typer.Option("max_prob", "--signal", help="max_prob, margin or entropy."),
+    token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding the cloud's "
+                                            "bearer token."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Measure and print; do not write the manifest."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest entry (with the curve) as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Sweep the escalation threshold on labelled validation data against the cloud and store the chosen one (and
+    the curve escalation rate -> hybrid accuracy) in the bundle's manifest. Default goal: within 0.3 points of
+    cloud-only accuracy with the fewest escalations. Runs where the labels are (a workstation)."""
+    import importlib.util
+
+    if importlib.util.find_spec("edgesdk_converters") is None or importlib.util.find_spec("tqdm") is None:
+        raise ConversionError("calibrate-escalation runs on the workstation and needs the converters "
+                              "(pip install 'edgesdk[convert]')")
+    from edgesdk_converters.escalation import calibrate_escalation as run_calibration
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr)
+
+    entry = run_calibration(bundle, val, cloud=cloud, cloud_bundle=cloud_bundle, target_escalation=target_escalation,
+                            target_accuracy=target_accuracy, signal=signal, token_env=token_env, write=not dry_run,
+                            progress=not quiet, say=say)
+    if as_json:
+        print(json.dumps(entry, indent=2))
+        return
+    print(f"{'escalated':>10} {'hybrid accuracy':>16}")
+    step = max(1, len(entry["curve"]) // 20)
+    for p in entry["curve"][::step]:
+        print(f"{p['escalation_rate']:>10.1%} {p['accuracy']:>16.2%}")
+    print(f"device-only {entry['device_accuracy']:.2%}, cloud-only {entry['cloud_accuracy']:.2%}; "
+          f"{entry['signal']} < {entry['threshold']:.4f} escalates {entry['escalation_rate']:.1%} for "
+          f"{entry['hybrid_accuracy']:.2%} ({entry['chosen_by']})")
+
+
 @app.command()
 def devices(
     thermal_root: Path = typer.Option(Path("/sys"), "--thermal-root", help="Where the thermal zones are (like /sys)."),
@@ -305,6 +353,54 @@ def serve(
     from .cloud.server import serve as serve_bundle
 
     serve_bundle(bundle, artifact=artifact, host=host, port=port)
+
+
+export_app = typer.Typer(
+    help="Write what a cloud deployment of a bundle needs into a new folder (the cloud side of hybrid mode).",
+    no_args_is_help=True,
+)
+app.add_typer(export_app, name="export", help="Write a bundle's cloud deployment: a KServe InferenceService with "
+              "its predictor image, or a Triton model repository.")
+
+
+def _print_export(result, what: str) -> None:
+    print(f"{what} (artifact {result.artifact}) written to {result.out}:")
+    for entry in result.entries:
+        print(f"  {entry}")
+
+
+@export_app.command("kserve")
+def export_kserve(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    out: Path = typer.Argument(..., help="Folder to write (new or empty)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Image name for the InferenceService (default: "
+                                        "edgesdk-<bundle name>:<bundle version>)."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
+                                           "accurate float artifact)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
+) -> None:
+    """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
+    (V2 protocol, port 8080) and a README with the build, push and apply commands. Imports nothing of kserve."""
+    from .cloud.export import export_kserve as run_export
+
+    result = run_export(bundle, out, image=image, artifact=artifact, force=force)
+    _print_export(result, "KServe deployment")
+    print(f"next: {result.out / 'README.md'} (docker build, docker push, kubectl apply)")
+
+
+@export_app.command("triton")
+def export_triton(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    out: Path = typer.Argument(..., help="Folder to write (new or empty): the Triton model repository."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="ONNX Runtime artifact id (default: the "
+                                           "onnxruntime fp32 artifact)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
+) -> None:
+    """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, inputs and outputs from the
+    manifest, max_batch_size 0) and <name>/1/model.onnx, the bundle's ONNX artifact unchanged."""
+    from .cloud.export import export_triton as run_export
+
+    _print_export(run_export(bundle, out, artifact=artifact, force=force), "Triton model repository")
 
 
 def _backend(placement) -> str:

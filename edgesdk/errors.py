@@ -87,9 +87,9 @@ class CloudError(EdgeSDKError):
     """A call to the cloud endpoint failed.
 
     ``reason`` is machine-readable (``timeout``, ``unreachable``, ``overloaded``, ``circuit_open``,
-    ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``tls``, ``no_token``, ``model_mismatch``); ``detail`` is for humans (for a
-    rejection, the server's ``error`` message); ``status`` is the last HTTP status, when one came;
-    ``attempts`` how many requests were sent.
+    ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``tls``, ``no_token``,
+    ``model_mismatch``); ``detail`` is for humans (for a rejection, the server's ``error`` message); ``status``
+    is the last HTTP status, when one came; ``attempts`` how many requests were sent.
     """
 
     def __init__(self, reason: str, detail: str, status: int | None = None, attempts: int = 0):
