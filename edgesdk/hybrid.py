@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import BackendUnavailable, BudgetExceeded, CloudError, InputError
+from .errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
 
 MODES = ("device-only", "cloud-only", "prefer-device", "prefer-cloud")
 SIGNALS = ("max_prob", "margin", "entropy")
@@ -196,9 +196,15 @@ class HybridModel:
     def _cloud(self, feeds: list[np.ndarray], t0: float, reason: str | None) -> Any:
         from .model import Result
 
-        self._ensure_model_checked()
+        # One deadline for everything this answer needs from the cloud (the model check, once, and the call).
+        end = self.cloud.clock() + self.cloud.deadline_s
+        self._ensure_model_checked(self.cloud.deadline_s)
         t1 = time.perf_counter()
-        outputs = self.cloud.infer(feeds, self._names)
+        remaining = end - self.cloud.clock()
+        if remaining <= 0:
+            raise CloudTimeout("timeout", f"checking the cloud model of {self.bundle.name!r} used up the deadline "
+                                          f"({self.cloud.deadline_s:g} s)")
+        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining)
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
         return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,
@@ -219,13 +225,13 @@ class HybridModel:
             result.signals = device_result.signals
         return result
 
-    def _ensure_model_checked(self) -> None:
+    def _ensure_model_checked(self, deadline_s: float) -> None:
         if not self._check_model or self._model_checked is True:
             return
         if isinstance(self._model_checked, CloudError) and self._model_checked.reason == "model_mismatch":
             raise self._model_checked  # a wrong model stays wrong: fail at once
         try:
-            self.cloud.check_inputs(self.bundle.manifest["inputs"])
+            self.cloud.check_inputs(self.bundle.manifest["inputs"], deadline_s=deadline_s)
         except CloudError as exc:
             self._model_checked = exc  # an outage is retried at the next call, a mismatch is not
             raise

@@ -38,6 +38,9 @@ class FaultProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two sends: with Nagle's algorithm the second waits for the client's
+            # delayed ACK (~40 ms a response), which would be the proxy's latency, not the network's.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):  # quiet
                 pass

@@ -91,3 +91,38 @@ def test_device_only_opens_no_socket(digits_bundle, monkeypatch):
     assert result.source == "device" and not result.degraded and result.escalation_reason is None
     assert opened == []
     assert isinstance(model, edgesdk.Model)  # device-only is the plain device model
+
+
+def test_one_deadline_covers_everything_a_prediction_asks_of_the_cloud(digits_bundle):
+    """The model check, the binary-extension question and the call itself share the deadline: a predict whose
+    every cloud request hangs answers from the device within the deadline, not a multiple of it. (A scripted
+    transport that waits out each attempt's timeout in real time, then times out.)"""
+    import json
+    import time
+
+    from edgesdk.cloud.client import CloudClient, Response
+
+    manifest = Bundle.open(digits_bundle.bundle).manifest
+    metadata = json.dumps({"name": manifest["name"], "inputs": [
+        {"name": t["name"], "datatype": "FP32", "shape": t["shape"]} for t in manifest["inputs"]]}).encode()
+
+    class Hanging:
+        def request(self, method, url, headers, body, timeout_s):
+            if url.endswith(f"/v2/models/{manifest['name']}"):
+                return Response(200, {}, metadata)  # the model check passes
+            time.sleep(timeout_s)
+            raise TimeoutError("no answer")
+
+        def close(self):
+            pass
+
+    cloud = CloudClient("http://127.0.0.1:9", manifest["name"], transport=Hanging(), deadline_s=0.4, timeout_s=0.15)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, require="onnxruntime", mode="prefer-device", cloud=cloud,
+                      escalation=EscalationPolicy(threshold=1.0)) as model:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            result = model.predict(x)
+            took = time.perf_counter() - t0
+            assert result.degraded and result.cloud_error == "timeout"
+            assert took < 0.4 + 0.15, f"predict took {took:.3f} s against a 0.4 s deadline"

@@ -147,7 +147,7 @@ def test_no_request_is_lost_at_a_30_percent_fault_rate(server, digits_bundle, go
     with FaultProxy(server.url, fault_rate=0.3, delay_s=0.3, seed=7) as proxy:
         client = CloudClient(proxy.url, server.model, timeout_s=0.15, deadline_s=deadline_s, max_attempts=3,
                              backoff_base_s=0.02, backoff_cap_s=0.1, retry_budget=budget,
-                             breaker=CircuitBreaker(failure_rate=0.5, window=20, min_calls=10, cooldown_s=0.5))
+                             breaker=CircuitBreaker(failure_rate=0.5, window=50, min_calls=20, cooldown_s=0.5))
         with edgesdk.load(digits_bundle.bundle, require="onnxruntime", mode="prefer-device", cloud=client,
                           escalation=EscalationPolicy(threshold=1.0)) as model:
             sources, slowest, short_circuited = {"cloud": 0, "degraded": 0}, 0.0, 0
@@ -162,14 +162,15 @@ def test_no_request_is_lost_at_a_30_percent_fault_rate(server, digits_bundle, go
             stats = client.stats()
             assert sources["cloud"] + sources["degraded"] == 1000  # every request answered
             assert slowest <= deadline_s + margin_s, f"a request took {slowest:.3f} s"
-            assert stats["retries"] <= budget.ratio * stats["calls"] + budget.reserve
+            sent = stats["calls"] - stats["failures"].get("circuit_open", 0)  # what the budget was paid on
+            assert stats["retries"] <= budget.ratio * sent + budget.reserve
             # Of the calls that were sent (not failed fast by an open circuit), the cloud answered most: first
             # attempts succeed 70% of the time and the budget rescues some more.
             assert sources["cloud"] >= 0.6 * (1000 - short_circuited)
             assert proxy.counts["reset"] > 0 and proxy.counts["delay"] > 0 and proxy.counts["503"] > 0
 
             proxy.outage = True
-            during = [model.predict(golden[0][None]) for _ in range(40)]
+            during = [model.predict(golden[0][None]) for _ in range(60)]
             assert all(r.degraded and r.source == "device" for r in during) and client.breaker.state == "open"
             assert during[-1].cloud_error == "circuit_open"  # failing fast, nothing sent
             opened = client.breaker.opened

@@ -57,6 +57,7 @@ SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_err
                              "tls"})
 LOOPBACK_NAMES = ("localhost",)
 MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
+BINARY_RECHECK_S = 60.0  # after a failed GET /v2, JSON is used this long before asking again
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class CircuitBreaker:
     probe call is let through (half-open): success closes it, failure opens it again. Thread-safe; ``clock`` is
     injectable."""
 
-    def __init__(self, failure_rate: float = 0.5, window: int = 20, min_calls: int = 10, cooldown_s: float = 5.0,
+    def __init__(self, failure_rate: float = 0.5, window: int = 50, min_calls: int = 20, cooldown_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         if not 0 < failure_rate <= 1 or window < 1 or not 1 <= min_calls <= window or cooldown_s < 0:
             raise InputError("circuit breaker: need 0 < failure_rate <= 1, window >= 1, 1 <= min_calls <= window "
@@ -236,8 +237,10 @@ class CloudClient:
         self.breaker = breaker if breaker is not None else CircuitBreaker(clock=clock)
         self._token, self._token_env = token, token_env
         self._binary = binary
+        self._binary_failed_at: float | None = None
         self._transport = transport if transport is not None else HttpTransport(cafile)
-        self._clock, self._sleep = clock, sleep
+        self.clock = self._clock = clock
+        self._sleep = sleep
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._stats = {"calls": 0, "attempts": 0, "retries": 0, "ok": 0, "failures": {}}
@@ -262,14 +265,14 @@ class CloudClient:
     def server_metadata(self) -> dict:
         return self._get_json("/v2")
 
-    def model_metadata(self) -> dict:
-        return self._get_json(self._model_url[len(self.url):])
+    def model_metadata(self, deadline_s: float | None = None) -> dict:
+        return self._get_json(self._model_url[len(self.url):], deadline_s=deadline_s)
 
-    def check_inputs(self, inputs: Sequence[Mapping[str, Any]]) -> dict:
+    def check_inputs(self, inputs: Sequence[Mapping[str, Any]], deadline_s: float | None = None) -> dict:
         """Compare the model's metadata with the inputs the device will send (the bundle's manifest ``inputs``:
         ``name``, ``shape``, ``dtype``); raises :class:`CloudError` (reason ``model_mismatch``) naming every
         difference. Returns the metadata."""
-        meta = self.model_metadata()
+        meta = self.model_metadata(deadline_s)
         served = {i.get("name"): i for i in meta.get("inputs", [])}
         problems = []
         for spec in inputs:
@@ -291,13 +294,15 @@ class CloudClient:
 
     def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str], *, deadline_s: float | None = None,
               request_id: str | None = None) -> list[np.ndarray]:
-        """One inference: the outputs in the order the server lists them. Raises a :class:`CloudError`."""
+        """One inference: the outputs in the order the server lists them, within ``deadline_s`` (default
+        ``self.deadline_s``) all told. Raises a :class:`CloudError`."""
         if len(arrays) != len(names):
             raise InputError(f"cloud infer: {len(arrays)} arrays for {len(names)} input names")
+        end = self.clock() + (deadline_s if deadline_s is not None else self.deadline_s)
         rid = request_id or uuid.uuid4().hex
-        binary = self._binary if self._binary is not None else self._server_has_binary(deadline_s)
+        binary = self._binary if self._binary is not None else self._server_has_binary(end - self.clock())
         body, headers = _encode(arrays, names, rid, binary)
-        resp = self._call("POST", self._model_url + "/infer", body, headers, deadline_s=deadline_s)
+        resp = self._call("POST", self._model_url + "/infer", body, headers, deadline_s=end - self.clock())
         return _decode(resp, rid)
 
     def stats(self) -> dict:
@@ -317,13 +322,21 @@ class CloudClient:
         self.close()
 
     # -- the resilient call -----------------------------------------------------------------------------------
-    def _server_has_binary(self, deadline_s: float | None) -> bool:
-        if self._binary is None:
-            try:
-                extensions = self._get_json("/v2", deadline_s=deadline_s).get("extensions") or []
-            except CloudError:
-                return False  # ask again next time; JSON works everywhere
-            self._binary = "binary_tensor_data" in extensions
+    def _server_has_binary(self, deadline_s: float) -> bool:
+        """Whether the server lists the binary tensor extension; asked once. When asking fails, JSON is used
+        and the question waits ``BINARY_RECHECK_S`` (a failing endpoint is not asked twice per inference)."""
+        if self._binary is not None:
+            return self._binary
+        if self._binary_failed_at is not None and self.clock() - self._binary_failed_at < BINARY_RECHECK_S:
+            return False
+        if deadline_s <= 0:
+            return False
+        try:
+            extensions = self._get_json("/v2", retry=False, deadline_s=deadline_s).get("extensions") or []
+        except CloudError:
+            self._binary_failed_at = self.clock()
+            return False  # JSON works everywhere
+        self._binary = "binary_tensor_data" in extensions
         return self._binary
 
     def _get_json(self, path: str, retry: bool = True, deadline_s: float | None = None) -> dict:
