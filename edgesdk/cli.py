@@ -380,7 +380,7 @@ def export_kserve(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
 ) -> None:
     """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
-    (V2 protocol, port 8080) and a README with the build, push and apply commands. Imports nothing of kserve."""
+    (V2 protocol, port 8080) and a README with the build, push and apply commands."""
     from .cloud.export import export_kserve as run_export
 
     result = run_export(bundle, out, image=image, artifact=artifact, force=force)
@@ -396,8 +396,9 @@ def export_triton(
                                            "onnxruntime fp32 artifact)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
 ) -> None:
-    """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, inputs and outputs from the
-    manifest, max_batch_size 0) and <name>/1/model.onnx, the bundle's ONNX artifact unchanged."""
+    """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, max_batch_size 0, the
+    manifest's shapes under the ONNX file's tensor names) and <name>/1/model.onnx, the bundle's artifact unchanged.
+    Needs onnxruntime here, to read those names."""
     from .cloud.export import export_triton as run_export
 
     _print_export(run_export(bundle, out, artifact=artifact, force=force), "Triton model repository")

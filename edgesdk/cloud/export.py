@@ -1,0 +1,463 @@
+"""``edgesdk export``: what a cloud deployment of a bundle needs, written into a new folder.
+
+- :func:`export_kserve`: the bundle, a ``Dockerfile`` for a custom KServe predictor image that runs
+  ``edgesdk serve`` on it, an ``inferenceservice.yaml`` and a README with the commands.
+- :func:`export_triton`: a Triton model repository holding one ONNX artifact of the bundle.
+
+Both verify the bundle before anything is written, write into a temporary folder next to ``out`` and move it into
+place when complete. ``out`` must be new or empty; ``force`` replaces only a previous export, recognised by the
+marker file ``.edgesdk-export`` every export writes, never a folder of the user's own. Errors: :class:`BundleError`
+for a bad bundle or an unknown artifact id, :class:`ConversionError` for an output or option that cannot be used.
+
+Exporting writes text and copies files: this module imports nothing beyond the standard library and edgesdk, and
+runs wherever edgesdk is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..bundle import MANIFEST, Artifact, Bundle, safe_member
+from ..errors import BundleError, ConversionError
+from .server import BundleSignature
+
+MARKER = ".edgesdk-export"
+PORT = 8080  # KServe sends a custom predictor's traffic to this container port
+MODELS_DIR = "/mnt/models"  # where KServe images keep models; nothing is mounted over it without a storageUri
+PYTHON_VERSION = "3.11"  # the Python the cloud side is tested with (kserve 0.21 takes 3.10 to 3.13)
+ISVC_NAME_MAX = 45  # KServe's longest derived name, the Knative revision <name>-predictor-00001, is a 63-char label
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Export:
+    """What an export wrote: the folder, the artifact it serves, and the entries of the folder."""
+
+    out: Path
+    artifact: str
+    entries: tuple[str, ...]
+
+
+def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = None, artifact: str | None = None,
+                  force: bool = False) -> Export:
+    """Write ``out`` for a KServe InferenceService that serves the bundle with ``edgesdk serve`` (V2 REST).
+
+    ``artifact`` is the artifact id to serve (default: the most accurate float artifact, on a tie the golden
+    reference, then manifest order; the image installs its engine). ``image`` is the image name written into
+    ``inferenceservice.yaml`` (default ``edgesdk-<bundle name>:<bundle version>``).
+    """
+    bundle = Bundle.open(bundle_path)
+    chosen = bundle.artifact(artifact) if artifact is not None else _default_float(bundle)
+    slug = _dns_label(bundle.name)
+    image = _check_image(image) if image is not None else f"edgesdk-{slug}:{_tag(bundle.manifest['version'])}"
+    out = _check_output(Path(out), bundle, force)
+    bundle_dir = f"{slug}.bundle"
+
+    def write(work: Path) -> None:
+        _copy_bundle(bundle, work / bundle_dir)
+        (work / "Dockerfile").write_text(_dockerfile(bundle, chosen, bundle_dir), encoding="utf-8")
+        (work / "inferenceservice.yaml").write_text(_inference_service(bundle, chosen, image), encoding="utf-8")
+        (work / "README.md").write_text(_kserve_readme(bundle, chosen, image, bundle_dir), encoding="utf-8")
+
+    return _export("kserve", bundle, chosen, out, write)
+
+
+def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None = None,
+                  force: bool = False) -> Export:
+    """Write ``out`` as a Triton model repository: ``<name>/config.pbtxt`` and ``<name>/1/model.onnx``.
+
+    ``artifact`` is an ONNX Runtime artifact id (default: the bundle's ``onnxruntime`` fp32 artifact); its file is
+    copied unchanged. The model is named after the bundle, as ``edgesdk serve`` names it; its tensors carry the ONNX
+    file's own names (Triton requires them; the manifest's may differ), read by opening the artifact on onnxruntime
+    (:class:`BackendUnavailable` when it is not installed). ``max_batch_size`` is 0 and the dims are the manifest's
+    full shapes: artifacts are compiled for a fixed batch of 1, and a Triton batch dimension would need the model's
+    first dimension to vary.
+    """
+    bundle = Bundle.open(bundle_path)
+    chosen = _onnx_artifact(bundle, artifact)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", bundle.name):
+        raise ConversionError(f"bundle name {bundle.name!r} cannot name a Triton model directory (letters, digits, "
+                              f"'_', '.', '-'); the device calls the model by that name, so it is not changed here")
+    names = _onnx_names(bundle, chosen)
+    out = _check_output(Path(out), bundle, force)
+
+    def write(work: Path) -> None:
+        version_dir = work / bundle.name / "1"
+        version_dir.mkdir(parents=True)
+        model_dir = chosen.model_path.parent
+        for i, src in enumerate(chosen.files):  # files after the first (external weights) keep their place
+            rel = Path("model.onnx") if i == 0 else _relative(src, model_dir, chosen)
+            (version_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, version_dir / rel)
+        (work / bundle.name / "config.pbtxt").write_text(_triton_config(bundle, chosen, names),
+                                                         encoding="utf-8")
+        (work / "README.md").write_text(_triton_readme(bundle, chosen, names), encoding="utf-8")
+
+    return _export("triton", bundle, chosen, out, write)
+
+
+# -- choosing the artifact ---------------------------------------------------------------------------------------
+
+def _default_float(bundle: Bundle) -> Artifact:
+    """``edgesdk serve``'s default (most accurate float, then the golden reference, then manifest order), without
+    its condition that the engine be installed here: the image installs the engine of the artifact chosen."""
+    floats = [a for a in bundle.artifacts if a.precision == "fp32"]
+    if not floats:
+        ids = ", ".join(a.id for a in bundle.artifacts)
+        raise BundleError(f"bundle {bundle.name!r} has no float artifact to serve by default; name one with "
+                          f"--artifact (artifacts: {ids})")
+    validation = bundle.manifest.get("validation") or {}
+    reference = (bundle.manifest.get("golden") or {}).get("reference")
+
+    def rank(a: Artifact) -> tuple[float, bool]:
+        accuracy = (validation.get(a.id) or {}).get("accuracy")
+        known = isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool)
+        return (-accuracy if known else math.inf, a.id != reference)
+
+    return min(floats, key=rank)
+
+
+def _onnx_artifact(bundle: Bundle, artifact: str | None) -> Artifact:
+    onnx = [a for a in bundle.artifacts if a.engine == "onnxruntime"]
+    listed = ", ".join(a.id for a in onnx) or "none"
+    if artifact is not None:
+        chosen = bundle.artifact(artifact)
+        if chosen.engine != "onnxruntime":
+            raise ConversionError(f"Triton's onnxruntime_onnx platform runs ONNX artifacts; {chosen.id!r} is for "
+                                  f"{chosen.engine} (ONNX artifacts of bundle {bundle.name!r}: {listed})")
+        return chosen
+    floats = [a for a in onnx if a.precision == "fp32"]
+    if not floats:
+        raise ConversionError(f"bundle {bundle.name!r} has no ONNX fp32 artifact to export by default "
+                              f"(ONNX artifacts: {listed}); name one with --artifact")
+    return floats[0]
+
+
+# -- the output folder -------------------------------------------------------------------------------------------
+
+def _check_output(out: Path, bundle: Bundle, force: bool) -> Path:
+    """Refuse an output that would destroy anything but a previous export (``force`` replaces only exports)."""
+    out, source = out.resolve(), bundle.root.resolve()
+    if source.is_relative_to(out):
+        raise ConversionError(f"output {out} holds the bundle {source}; write the export elsewhere")
+    if out.is_relative_to(source):
+        raise ConversionError(f"output {out} is inside the bundle {source}; write the export elsewhere")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"output {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConversionError(f"output {out} exists and is not empty (pass --force to replace a previous export)")
+        if not (out / MARKER).is_file():
+            raise ConversionError(f"output {out} is not an edgesdk export (no {MARKER}); refusing to replace it")
+    return out
+
+
+def _export(kind: str, bundle: Bundle, chosen: Artifact, out: Path, write) -> Export:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(work)
+        marker = {"export": kind, "bundle": bundle.name, "version": bundle.manifest["version"],
+                  "artifact": chosen.id, "edgesdk": __version__}
+        (work / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _publish(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Export(out, chosen.id, tuple(sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())))
+
+
+def _publish(work: Path, out: Path) -> None:
+    """Move the finished export into place; an old export is removed only once the new one is there."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [work, *work.rglob("*")]:  # mkdtemp made the folder 0700; docker COPY keeps modes
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+    if out.is_dir() and not any(out.iterdir()):
+        for child in work.iterdir():  # an empty folder (maybe the current one) is filled, not replaced
+            child.rename(out / child.name)
+        work.rmdir()
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    work.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_bundle(bundle: Bundle, dest: Path) -> None:
+    """The manifest and the files it lists, nothing else; the copy is verified like any bundle."""
+    dest.mkdir()
+    shutil.copyfile(bundle.root / MANIFEST, dest / MANIFEST)
+    for entry in bundle.file_entries():
+        target = dest / entry["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(safe_member(bundle.root, entry["path"]), target)
+    Bundle.open(dest)
+
+
+def _relative(path: Path, base: Path, artifact: Artifact) -> Path:
+    if not path.is_relative_to(base):
+        raise ConversionError(f"artifact {artifact.id!r}: {path.name} is not beside or below "
+                              f"{artifact.model_path.name}, so the ONNX file would not find it in a Triton folder")
+    return path.relative_to(base)
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+
+def _dns_label(name: str) -> str:
+    """The bundle name as a Kubernetes (DNS-1035) name, also usable as a Docker repository and folder name."""
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not label[:1].isalpha():
+        label = f"edgesdk-{label}"
+    return label[:ISVC_NAME_MAX].rstrip("-")
+
+
+def _tag(version: Any) -> str:
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(version))
+    return (tag if re.match(r"[A-Za-z0-9_]", tag) else f"v{tag}")[:128]
+
+
+def _check_image(image: str) -> str:
+    if not image or re.search(r"\s", image) or "://" in image or image != image.strip():
+        raise ConversionError(f"--image must be an image reference such as registry.example.com/team/model:1 "
+                              f"(no scheme, no spaces); got {image!r}")
+    return image
+
+
+# -- KServe ------------------------------------------------------------------------------------------------------
+
+def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str) -> str:
+    served = f"{MODELS_DIR}/{bundle_dir}"
+    entrypoint = ["edgesdk", "serve", served, "--artifact", chosen.id, "--host", "0.0.0.0", "--port", str(PORT)]
+    requirement = f"edgesdk[cloud,{chosen.engine}]=={__version__}"
+    return f"""\
+# Written by edgesdk export kserve: a custom KServe predictor that serves, with edgesdk serve (KServe's ModelServer),
+# bundle {json.dumps(bundle.name)} version {bundle.manifest['version']}, artifact {chosen.id} on {chosen.engine}.
+ARG PYTHON_VERSION={PYTHON_VERSION}
+FROM python:${{PYTHON_VERSION}}-slim
+
+# KServe's ModelServer (the cloud extra) and the engine of the served artifact. Another source of edgesdk
+# (a private index, a version): docker build --build-arg EDGESDK_REQUIREMENT=...
+ARG EDGESDK_REQUIREMENT="{requirement}"
+RUN pip install --no-cache-dir "${{EDGESDK_REQUIREMENT}}"
+
+ENV PYTHONUNBUFFERED=1
+COPY {bundle_dir} {served}
+
+EXPOSE {PORT}
+# KServe routes requests to port {PORT} of the container. --host 0.0.0.0 is right inside a container: the default,
+# 127.0.0.1, cannot be reached from outside the container's own network namespace, and who reaches the pod is
+# decided by Kubernetes and KServe's ingress, not by this process.
+ENTRYPOINT {json.dumps(entrypoint)}
+"""
+
+
+def _resources(chosen: Artifact) -> dict[str, Any]:
+    """Requests and limits that fit ``edgesdk serve``: about 180 MB resident for a small model on onnxruntime
+    (measured), plus room for the model, which an engine holds in memory two to three times while loading."""
+    model_bytes = sum(f["bytes"] for f in chosen.entry["files"])
+    memory = 512 + 128 * math.ceil(3 * model_bytes / (128 * MIB))  # MiB, in steps of 128
+    # One engine runs one request at a time; the second CPU is for the HTTP server and the engine's own threads.
+    return {"requests": {"cpu": "1", "memory": f"{memory}Mi"},
+            "limits": {"cpu": "2", "memory": f"{2 * memory}Mi"}}
+
+
+def _isvc(bundle: Bundle, chosen: Artifact, image: str) -> dict[str, Any]:
+    """The InferenceService as data (what ``inferenceservice.yaml`` holds)."""
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": _dns_label(bundle.name),
+            "labels": {"app.kubernetes.io/managed-by": "edgesdk"},
+            "annotations": {"edgesdk/bundle": bundle.name, "edgesdk/bundle-version": str(bundle.manifest["version"]),
+                            "edgesdk/artifact": chosen.id},
+        },
+        "spec": {"predictor": {"containers": [{
+            "name": "kserve-container",
+            "image": image,
+            "env": [{"name": "PROTOCOL", "value": "v2"}],
+            "ports": [{"containerPort": PORT, "protocol": "TCP"}],
+            "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": PORT},
+                               "initialDelaySeconds": 5, "periodSeconds": 5},
+            "resources": _resources(chosen),
+        }]}},
+    }
+
+
+def _inference_service(bundle: Bundle, chosen: Artifact, image: str) -> str:
+    head = f"""\
+# Written by edgesdk export kserve: bundle {json.dumps(bundle.name)} version {bundle.manifest['version']},
+# artifact {chosen.id}. It runs in the image built from ./Dockerfile: push that image where the cluster can pull it.
+# The protocol: a custom predictor declares it with the PROTOCOL environment variable (v1 or v2). It has no
+# protocolVersion field (KServe's model and framework predictors do), so kubectl's strict validation would refuse one.
+# No storageUri: the bundle is inside the image at {MODELS_DIR}, where a storage initializer would mount over it.
+"""
+    return head + "\n".join(_yaml(_isvc(bundle, chosen, image))) + "\n"
+
+
+def _yaml(node: Any, indent: int = 0) -> list[str]:
+    """Block-style YAML for dicts, lists and scalars; strings are written as JSON strings, which YAML reads as
+    double-quoted scalars, so no value can change meaning (``on``, ``1.0``, ``"a: b"``)."""
+    pad = " " * indent
+    lines: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, (dict, list)) and value:
+                lines.append(f"{pad}{key}:")
+                lines += _yaml(value, indent + 2)
+            else:
+                lines.append(f"{pad}{key}: {_yaml_scalar(value)}")
+    else:
+        for item in node:
+            if isinstance(item, (dict, list)) and item:
+                inner = _yaml(item, indent + 2)
+                lines.append(f"{pad}- {inner[0].lstrip()}")  # the first key shares the dash's line
+                lines += inner[1:]
+            else:
+                lines.append(f"{pad}- {_yaml_scalar(item)}")
+    return lines
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (dict, list)):
+        return "{}" if isinstance(value, dict) else "[]"
+    return json.dumps(str(value))
+
+
+def _kserve_readme(bundle: Bundle, chosen: Artifact, image: str, bundle_dir: str) -> str:
+    name = _dns_label(bundle.name)
+    return f"""\
+# {bundle.name} {bundle.manifest['version']} on KServe
+
+Written by `edgesdk export kserve` (edgesdk {__version__}). The image runs `edgesdk serve`: KServe's ModelServer
+hosting artifact `{chosen.id}` ({chosen.engine}) of the bundle as model `{bundle.name}`, over the Open Inference
+Protocol V2 (REST) on port {PORT}.
+
+| file | what |
+| --- | --- |
+| `{bundle_dir}/` | the bundle, verified (the manifest and the files it lists) |
+| `Dockerfile` | the predictor image: python, `edgesdk[cloud,{chosen.engine}]`, the bundle at `{MODELS_DIR}/{bundle_dir}` |
+| `inferenceservice.yaml` | the InferenceService `{name}`: that image as a custom predictor, V2, port {PORT}, ready on `/v2/health/ready` |
+| `{MARKER}` | marks this folder as an export, so `edgesdk export ... --force` may replace it |
+
+## Build, push, apply
+
+```bash
+docker build -t {image} .
+docker push {image}                  # the cluster pulls this name: export with --image REGISTRY/NAME:TAG to change it
+kubectl apply -f inferenceservice.yaml
+kubectl get inferenceservice {name}  # READY True, and the URL
+```
+
+Check it (`<host>` is the InferenceService's URL host):
+
+```bash
+curl https://<host>/v2/health/ready
+curl https://<host>/v2/models/{bundle.name}    # inputs and outputs, with datatypes and shapes
+```
+
+Resources (requests and limits in `inferenceservice.yaml`) leave room for the model and the server; edit them for
+your traffic. Requests run one at a time per replica: scale with replicas, not with CPUs.
+
+## Point a device at it
+
+```bash
+edgesdk run {bundle_dir} image.png --mode prefer-device --cloud https://<host>
+```
+
+The device runs its own copy of the same bundle and sends the inputs it finds hard to the cloud; each result says
+where it came from. The device speaks `https` (plain `http` only to a loopback address): serve the
+InferenceService through TLS (the cluster's ingress gateway). With a token: `--token-env VARIABLE`.
+"""
+
+
+# -- Triton ------------------------------------------------------------------------------------------------------
+
+def _onnx_names(bundle: Bundle, chosen: Artifact) -> dict[str, list[str]]:
+    """The ONNX file's input and output names, in the order of the manifest's inputs and outputs."""
+    with chosen.open() as engine:
+        names = {"inputs": [t.name for t in engine.inputs], "outputs": [t.name for t in engine.outputs]}
+    for kind, found in names.items():
+        if len(found) != len(bundle.manifest[kind]):
+            raise BundleError(f"artifact {chosen.id!r} has {len(found)} {kind} ({', '.join(found)}); the manifest of "
+                              f"bundle {bundle.name!r} lists {len(bundle.manifest[kind])}")
+    return names
+
+
+def _triton_config(bundle: Bundle, chosen: Artifact, names: dict[str, list[str]]) -> str:
+    signature = BundleSignature(bundle.manifest)
+
+    def tensors(kind: str, specs, onnx_names: list[str]) -> list[str]:
+        blocks = []
+        for spec, name in zip(specs, onnx_names):
+            dims = ", ".join(str(d) for d in spec.shape)
+            blocks.append(f"  {{\n    name: {_pbtxt_string(name)}\n    data_type: TYPE_{spec.datatype}\n"
+                          f"    dims: [ {dims} ]\n  }}")
+        return [f"{kind} [", ",\n".join(blocks), "]"]
+
+    lines = [
+        f"# Written by edgesdk export triton: bundle {json.dumps(bundle.name)} version {bundle.manifest['version']}, "
+        f"artifact {chosen.id}.",
+        "# max_batch_size 0: the artifact is compiled for a fixed batch of 1, so the dims are its full shapes.",
+        f"name: {_pbtxt_string(bundle.name)}",
+        'platform: "onnxruntime_onnx"',
+        "max_batch_size: 0",
+        *tensors("input", signature.inputs, names["inputs"]),
+        *tensors("output", signature.outputs, names["outputs"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pbtxt_string(text: str) -> str:
+    """A protobuf text-format string: printable ASCII as is, the rest as octal escapes of its UTF-8 bytes."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        out.append(f"\\{char}" if char in '"\\' else char if 32 <= byte < 127 else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _triton_readme(bundle: Bundle, chosen: Artifact, names: dict[str, list[str]]) -> str:
+    manifest_inputs = [t["name"] for t in bundle.manifest["inputs"]]
+    device = ("so its inputs are what a device running the bundle sends (names, datatypes, shapes)"
+              if names["inputs"] == manifest_inputs else
+              f"which differ from the input names a device running the bundle sends ({', '.join(manifest_inputs)}): "
+              f"for a device's cloud, use `edgesdk export kserve`")
+    return f"""\
+# {bundle.name} {bundle.manifest['version']}: a Triton model repository
+
+Written by `edgesdk export triton` (edgesdk {__version__}): `{bundle.name}/1/model.onnx` is artifact `{chosen.id}` of
+the bundle, unchanged; `{bundle.name}/config.pbtxt` gives Triton its inputs and outputs (platform `onnxruntime_onnx`,
+`max_batch_size: 0`: the artifact takes exactly the manifest's shapes, batch 1 included). `{MARKER}` marks the
+folder as an export; Triton reads only the model folders.
+
+```bash
+docker run --rm -p 8000:8000 -v "$PWD":/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 \\
+    tritonserver --model-repository=/models
+curl localhost:8000/v2/models/{bundle.name}
+```
+
+Triton speaks the Open Inference Protocol V2 under the same model name as `edgesdk serve`, with the ONNX file's
+tensor names (inputs {', '.join(names['inputs'])}; outputs {', '.join(names['outputs'])}), {device}.
+Unlike `edgesdk serve`, it takes a batch of 1 only.
+"""
+
+
+__all__ = ["Export", "MARKER", "export_kserve", "export_triton"]
