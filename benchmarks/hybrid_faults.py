@@ -27,9 +27,10 @@ Three phases, each with a fresh client (its stats are the phase's) in one run:
 cloud call it makes) against the client's ``deadline_s`` plus ``--margin-s``. Nothing is asserted; the exit code is
 0 unless the script itself fails.
 
-The proxy's sockets get ``TCP_NODELAY`` here (``--proxy-nagle`` leaves them as the tests have them): the proxy
-sends a response's headers and body in two writes, so with Nagle's algorithm each forwarded response and each
-injected 429/503 waits for the client's delayed ACK, about 40 ms on loopback (cloud p50 44 ms instead of 2 ms).
+The proxy's sockets get ``TCP_NODELAY`` (as in the tests; ``--proxy-nagle`` turns Nagle's algorithm back on to
+see its cost): the proxy sends a response's headers and body in two writes, so with Nagle each forwarded
+response and each injected 429/503 waits for the client's delayed ACK, about 40 ms on loopback (cloud p50 44 ms
+instead of 2 ms).
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from bundles import digits_bundle  # noqa: E402
 
-# As in the test: a retry budget of 20% of the calls plus 10, a breaker over the last 20 calls.
+# As in the test: a retry budget of 20% of the calls plus 10; the client's default breaker (half of the last 50
+# calls failed, after at least 20).
 BUDGET = {"ratio": 0.2, "reserve": 10}
-BREAKER = {"failure_rate": 0.5, "window": 20, "min_calls": 10}
+BREAKER = {"failure_rate": 0.5, "window": 50, "min_calls": 20}
 WARMUP = 20  # fault-free requests before the outage: the model check is done and the breaker is closed
 
 
@@ -295,7 +297,7 @@ def main() -> None:
     ap.add_argument("--delay-s", type=float, default=0.3, help="how long a 'delay' fault holds a request")
     ap.add_argument("--cooldown-s", type=float, default=0.5, help="the breaker's cool-down")
     ap.add_argument("--proxy-nagle", action="store_true",
-                    help="leave Nagle's algorithm on in the proxy, as the tests run it (+~40 ms per response)")
+                    help="turn Nagle's algorithm back on in the proxy (+~40 ms per response)")
     ap.add_argument("--baseline-requests", type=int, default=300)
     ap.add_argument("--outage-requests", type=int, default=200)
     ap.add_argument("--outage-interval-s", type=float, default=0.01, help="pause between outage requests")
