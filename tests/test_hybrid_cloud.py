@@ -197,3 +197,41 @@ def test_cli_run_in_prefer_device_mode_reports_source_and_escalation(server, dig
                            "--cloud", down, "--json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     assert json.loads(proc.stdout)["results"][0]["error"]["type"] == "CloudUnavailable"
+
+
+def test_a_wrong_datatype_is_rejected_with_the_servers_message(server, golden):
+    with CloudClient(server.url, server.model) as client:
+        with pytest.raises(CloudRejected) as caught:
+            client.infer([golden[:1].astype(np.int64)], ["x"])
+    assert caught.value.status == 400 and "INT64" in caught.value.detail
+
+
+def test_calibrate_escalation_against_the_real_server(server, digits_bundle, digits_images):
+    proc = subprocess.run([EDGESDK, "calibrate-escalation", str(digits_bundle.bundle), "--val",
+                           str(digits_images / "val"), "--cloud", server.url, "--dry-run", "--json", "-q"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entry = json.loads(proc.stdout)
+    assert entry["cloud"] == server.url and entry["samples"] > 500
+    assert entry["hybrid_accuracy"] >= entry["cloud_accuracy"] - 0.003  # the default goal was reachable
+
+
+def test_the_digits_hybrid_sample_meets_its_goal(digits_bundle, digits_images, tmp_path):
+    """samples/digits/hybrid.py end to end (the device bundle of the fixture, the cloud model of the sample):
+    hybrid accuracy within 0.3 points of cloud-only, escalating at most 25%."""
+    import shutil
+
+    work = tmp_path / "demo"
+    work.mkdir()
+    shutil.copytree(digits_bundle.bundle, work / "digits.bundle")
+    (work / "digits-images").symlink_to(digits_images)
+    sample = Path(__file__).resolve().parents[1] / "samples" / "digits" / "hybrid.py"
+    proc = subprocess.run([sys.executable, str(sample), "--workdir", str(work), "--json"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    hybrid, cloud = summary["prefer-device"], summary["cloud-only"]
+    assert cloud["accuracy"] > summary["device-only"]["accuracy"]  # the cloud model is the better one
+    assert hybrid["accuracy"] >= cloud["accuracy"] - 0.003 and hybrid["escalated"] <= 0.25
+    assert hybrid["degraded"] == 0
+    assert "device-only" in proc.stdout and "split-half check" in proc.stdout

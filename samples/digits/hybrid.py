@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-WORK = REPO / "build" / "demo"
+WORK = REPO / "build" / "demo"  # --workdir
 
 
 def run(*args: str) -> None:
@@ -41,6 +42,7 @@ def run(*args: str) -> None:
 
 def ensure_bundles(edgesdk_cli: str) -> tuple[Path, Path]:
     device, cloud = WORK / "digits.bundle", WORK / "digits-cloud.bundle"
+    WORK.mkdir(parents=True, exist_ok=True)
     manifest = device / "manifest.json"
     if not manifest.is_file() or "input_ranges" not in manifest.read_text():
         run(edgesdk_cli, "demo", "--workdir", str(WORK), "-q")
@@ -107,10 +109,14 @@ def evaluate(edgesdk, device_bundle: Path, url: str, images: list[Path], labels:
 
 
 def main() -> None:
+    global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cloud-venv", type=Path, default=Path(os.environ.get("EDGESDK_CLOUD_VENV", REPO / ".venv-cloud")),
                     help="the venv with edgesdk[cloud] (make setup-cloud)")
+    ap.add_argument("--workdir", type=Path, default=WORK, help="where the images and bundles are (or go)")
+    ap.add_argument("--json", action="store_true", help="also print the summary as one JSON line at the end")
     args = ap.parse_args()
+    WORK = args.workdir.resolve()
     if not (args.cloud_venv / "bin" / "edgesdk").is_file():
         sys.exit(f"no cloud venv at {args.cloud_venv}: run `make setup-cloud` first")
 
@@ -163,6 +169,13 @@ def main() -> None:
     print(f"split-half check: threshold {t:.4f} chosen on {even.sum()} even images; on the {odd.sum()} odd ones "
           f"hybrid {acc:.2%} vs cloud-only {cloud_odd:.2%} ({(cloud_odd - acc) * 100:+.2f} points), "
           f"escalating {esc.mean():.1%}")
+    if args.json:
+        summary = {mode: {"accuracy": r["accuracy"], "escalated": r["escalated"], "degraded": r["degraded"]}
+                   for mode, r in runs.items()}
+        summary["threshold"] = entry["threshold"]
+        summary["curve"] = entry["curve"]
+        summary["split_half"] = {"hybrid": float(acc), "cloud_only": float(cloud_odd), "escalated": float(esc.mean())}
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":
