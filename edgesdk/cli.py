@@ -157,7 +157,8 @@ def calibrate_escalation(
     for p in entry["curve"][::step]:
         print(f"{p['escalation_rate']:>10.1%} {p['accuracy']:>16.2%}")
     print(f"device-only {entry['device_accuracy']:.2%}, cloud-only {entry['cloud_accuracy']:.2%}; "
-          f"{entry['signal']} < {entry['threshold']:.4f} escalates {entry['escalation_rate']:.1%} for "
+          f"{entry['signal']} {'>' if entry['signal'] == 'entropy' else '<'} {entry['threshold']:.4f} escalates "
+          f"{entry['escalation_rate']:.1%} for "
           f"{entry['hybrid_accuracy']:.2%} ({entry['chosen_by']})")
 
 
@@ -270,9 +271,9 @@ def run(
         for p in inputs:
             try:
                 results.append(model.predict(arrays.get(p, p)))
-            except (BudgetExceeded, CloudError) as exc:  # a refusal is an answer for this input, not a crash
+            except (BudgetExceeded, CloudError, BackendUnavailable) as exc:  # an answer for this input, not a crash
                 results.append(exc)
-    refused = any(isinstance(r, (BudgetExceeded, CloudError)) for r in results)
+    refused = any(isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)) for r in results)
     device_model = getattr(model, "device", model)  # a HybridModel's device side (None: no device backend)
     if as_json:
         rows = []
@@ -280,7 +281,7 @@ def run(
             if isinstance(r, BudgetExceeded):
                 rows.append({"input": str(p), "source": None, "top": [],
                              "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
-            elif isinstance(r, CloudError):
+            elif isinstance(r, (CloudError, BackendUnavailable)):
                 rows.append({"input": str(p), "source": None, "top": [],
                              "error": {"type": type(r).__name__, "reason": r.reason, "detail": r.detail}})
             else:
@@ -319,7 +320,7 @@ def run(
         st = governor.state()
         print(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
     for p, r in zip(inputs, results):
-        if isinstance(r, (BudgetExceeded, CloudError)):
+        if isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)):
             print(f"{p}: refused ({r.reason}): {r.detail}")
             continue
         top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])

@@ -21,6 +21,7 @@ Every :class:`~edgesdk.model.Result` says which ``source`` answered (``device`` 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,10 @@ import numpy as np
 
 from .errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
 
+log = logging.getLogger("edgesdk.hybrid")
+
 MODES = ("device-only", "cloud-only", "prefer-device", "prefer-cloud")
+RECHECK_S = 30.0  # a failed model check (other than an outage) is asked again after this long
 SIGNALS = ("max_prob", "margin", "entropy")
 # Used when neither the policy nor the bundle's calibration (edgesdk calibrate-escalation) sets a threshold.
 DEFAULT_THRESHOLDS = {"max_prob": 0.6, "margin": 0.2, "entropy": 0.5}
@@ -144,7 +148,14 @@ class HybridModel:
         self._names = [t["name"] for t in bundle.manifest["inputs"]]
         self._ranges = (bundle.manifest.get("calibration") or {}).get("input_ranges")
         self._check_model = options.check_model
-        self._model_checked: CloudError | bool = False
+        self._model_checked: tuple[CloudError, float] | bool = False
+        if self.policy.max_clipped is not None and not self._ranges:
+            log.warning("bundle %r records no calibration input ranges (quantize it again with this edgesdk): the "
+                        "clipped-share signal is off, out_of_range never escalates", bundle.name)
+        calibrated_on = (bundle.manifest.get("hybrid") or {}).get("device_artifact")
+        if calibrated_on and device is not None and calibrated_on != device.placement.artifact:
+            log.warning("the escalation threshold of %r was calibrated on %s; this device runs %s", bundle.name,
+                        calibrated_on, device.placement.artifact)
         self.placement = device.placement if device is not None else None
 
     @property
@@ -165,9 +176,12 @@ class HybridModel:
         if mode == "prefer-cloud":
             try:
                 return self._cloud(feeds, t0, None)
-            except CloudError as exc:
-                result = self._device(feeds, t0)
-                return replace(result, degraded=True, cloud_error=exc.reason)
+            except Exception as exc:  # the client raises CloudError; anything else must not lose the answer either
+                try:
+                    result = self._device(feeds, t0)
+                except Exception as device_exc:
+                    raise device_exc from exc
+                return replace(result, degraded=True, cloud_error=_reason(exc))
         # prefer-device
         if self.device is None:
             return self._escalate(feeds, t0, _device_reason(self.device_error), None, self.device_error)
@@ -175,6 +189,8 @@ class HybridModel:
             result = self._device(feeds, t0)
         except BudgetExceeded as exc:  # a thermal refusal (or escalation) at this moment
             return self._escalate(feeds, t0, exc.reason, None, exc)
+        except BackendUnavailable as exc:  # the backend failed on this input (run_failed): the cloud takes it
+            return self._escalate(feeds, t0, "no_backend", None, exc)
         probabilities = self._io.probabilities(result.outputs)
         sig = signals(probabilities, feeds, self._ranges)
         result.signals = sig
@@ -189,9 +205,10 @@ class HybridModel:
     # -- the two sources -------------------------------------------------------------------------------------
     def _device(self, feeds: list[np.ndarray], t0: float) -> Any:
         if self.device is None:
-            raise self.device_error if self.device_error is not None else BackendUnavailable(
-                "no_backend", f"no device backend serves {self.bundle.name!r}")
-        return self.device._run(feeds, t0, time.perf_counter())
+            if self.device_error is not None:
+                raise _copy(self.device_error) from self.device_error  # a fresh one per call: no shared traceback
+            raise BackendUnavailable("no_backend", f"no device backend serves {self.bundle.name!r}")
+        return self.device._run(feeds, t0)
 
     def _cloud(self, feeds: list[np.ndarray], t0: float, reason: str | None) -> Any:
         from .model import Result
@@ -213,27 +230,33 @@ class HybridModel:
     def _escalate(self, feeds, t0, reason: str, device_result: Any, device_failure: Exception | None) -> Any:
         try:
             result = self._cloud(feeds, t0, reason)
-        except CloudError as exc:
+        except Exception as exc:  # CloudError from the client; anything else must not lose the device's answer
             if device_result is None:
                 # Neither side can answer: the device's own refusal is the error, with the cloud's chained.
-                raise (device_failure or exc) from exc
+                raise (_copy(device_failure) if device_failure is not None else exc) from exc
             device_result.degraded = True
             device_result.escalation_reason = reason
-            device_result.cloud_error = exc.reason
+            device_result.cloud_error = _reason(exc)
             return device_result
         if device_result is not None:
             result.signals = device_result.signals
         return result
 
     def _ensure_model_checked(self, deadline_s: float) -> None:
+        """Compare the cloud model's inputs with the bundle's, once. A mismatch stays a mismatch (every later
+        escalation fails at once); another failure is asked again after ``RECHECK_S``."""
         if not self._check_model or self._model_checked is True:
             return
-        if isinstance(self._model_checked, CloudError) and self._model_checked.reason == "model_mismatch":
-            raise self._model_checked  # a wrong model stays wrong: fail at once
+        failed = self._model_checked
+        if isinstance(failed, tuple):
+            error, at = failed
+            if error.reason == "model_mismatch" or time.monotonic() - at < RECHECK_S:
+                raise _copy(error) from error
         try:
             self.cloud.check_inputs(self.bundle.manifest["inputs"], deadline_s=deadline_s)
         except CloudError as exc:
-            self._model_checked = exc  # an outage is retried at the next call, a mismatch is not
+            if exc.reason in ("model_mismatch", "rejected", "bad_response"):
+                self._model_checked = (exc, time.monotonic())  # an outage is asked again at once, these are not
             raise
         self._model_checked = True
 
@@ -255,6 +278,21 @@ class HybridModel:
     def __repr__(self) -> str:
         where = self.device.placement if self.device is not None else f"no device ({self.device_error})"
         return f"<edgesdk.HybridModel {self.bundle.name!r} {self.mode}, device: {where}, cloud: {self.cloud!r}>"
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "reason", None) or type(exc).__name__
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A new exception equal to ``exc`` (our errors keep their fields), to raise without sharing a traceback."""
+    if isinstance(exc, BudgetExceeded):
+        return BudgetExceeded(exc.reason, exc.detail, exc.needed, exc.available)
+    if isinstance(exc, BackendUnavailable):
+        return BackendUnavailable(exc.reason, exc.detail)
+    if isinstance(exc, CloudError):
+        return type(exc)(exc.reason, exc.detail, exc.status, exc.attempts)
+    return exc
 
 
 def _device_reason(error: Exception | None) -> str:

@@ -389,7 +389,7 @@ class Model:
         t0 = time.perf_counter()
         return self._run(self._feeds(x), t0)
 
-    def _run(self, feeds: list[np.ndarray], t0: float, t1: float = 0.0) -> Result:
+    def _run(self, feeds: list[np.ndarray], t0: float) -> Result:
         """Run prepared input tensors (from ``self._feeds``) under the lock and the budgets."""
         with self._lock:
             if self._engine is None:

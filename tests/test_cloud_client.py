@@ -362,3 +362,141 @@ def test_tls_certificates_are_verified(https_server):
     assert caught.value.reason == "tls" and caught.value.attempts == 1  # not retried
     trusted = CloudClient(url, "digits", cafile=str(cert))
     assert trusted.live()
+
+
+# -- review findings: nothing but CloudError escapes, the breaker always settles ------------------------------
+
+@pytest.mark.parametrize("body", [
+    b'{"outputs": [{"name": "o", "shape": [Infinity], "datatype": "FP32", "data": [1.0]}]}',
+    b'{"outputs": [{"name": "o", "shape": [1], "datatype": "INT64", "data": [1e400]}]}',
+    b'{"outputs": [{"name": "o", "shape": null, "datatype": "FP32", "data": [1.0]}]}',
+    b'<html>captive portal</html>',
+    b'{"outputs": []}',
+])
+def test_a_malformed_answer_is_a_bad_response_that_counts_against_the_endpoint(body):
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=1.0, window=2, min_calls=2, cooldown_s=5.0, clock=clock)
+    c = client(clock, Script(clock, Response(200, {}, body), Response(200, {}, body)), breaker=breaker)
+    for _ in range(2):
+        with pytest.raises(CloudError) as caught:
+            c.infer(X, ["x"])
+        assert caught.value.reason == "bad_response" and caught.value.attempts == 1
+    assert breaker.state == "open" and c.stats()["ok"] == 0
+
+
+def test_malformed_model_metadata_is_a_cloud_error():
+    clock = Clock()
+    for meta in (b'{"inputs": null}', b'{"inputs": ["x"]}', b'{"inputs": [{"name": "x", "shape": null}]}'):
+        c = client(clock, Script(clock, Response(200, {}, meta)))
+        with pytest.raises(CloudError):
+            c.check_inputs([{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}])
+
+
+@pytest.mark.parametrize("token", ["sk-live-SECRET123\n", "sk-live-SECRET123\r\nX-Evil: 1", "sk-live-SECRÉT123"])
+def test_a_bad_token_is_refused_without_showing_it(token):
+    clock = Clock()
+    script = Script(clock, 200)
+    with pytest.raises(CloudError) as caught:
+        client(clock, script, token=token).infer(X, ["x"])
+    assert caught.value.reason == "no_token" and "SECRET" not in str(caught.value) and "SECR" not in str(caught.value)
+    assert script.requests == []  # nothing sent
+
+
+def test_a_token_callback_that_raises_does_not_leak_or_hang_the_probe():
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=1.0, window=2, min_calls=2, cooldown_s=1.0, clock=clock)
+    calls = {"n": 0}
+
+    def token():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("keyring locked: password=hunter2")
+        return "ok-token"
+
+    c = client(clock, Script(clock, 503, 503, 200, 200), breaker=breaker, token=token, max_attempts=1)
+    for _ in range(2):
+        with pytest.raises(CloudUnavailable):
+            c.infer(X, ["x"])
+    assert breaker.state == "open"
+    clock.t += 1.0
+    with pytest.raises(CloudError, match="token callback raised RuntimeError") as caught:
+        c.infer(X, ["x"])  # the probe's token callback fails: nothing is sent
+    assert "hunter2" not in str(caught.value)
+    assert breaker.state == "half_open"  # the probe was handed back, not lost
+    assert c.infer(X, ["x"])[0].shape == (1, 3)  # the next call probes, succeeds, and closes it
+    assert breaker.state == "closed"
+
+
+def test_a_stale_call_does_not_decide_the_probe():
+    clock = Clock()
+    breaker = CircuitBreaker(failure_rate=1.0, window=2, min_calls=2, cooldown_s=1.0, clock=clock)
+    stale = breaker.allow()  # let through while closed, still in flight
+    for _ in range(2):
+        breaker.record(breaker.allow(), False)
+    assert breaker.state == "open"
+    clock.t += 1.0
+    probe = breaker.allow()
+    assert probe is not None and probe[1] and breaker.allow() is None  # one probe at a time
+    breaker.record(stale, True)  # the old call's success arrives now: ignored
+    assert breaker.state == "half_open"
+    breaker.record(probe, False)
+    assert breaker.state == "open" and breaker.opened == 2
+
+
+def test_retry_after_past_the_deadline_fails_at_once():
+    clock = Clock()
+    script = Script(clock, Response(503, {"retry-after": "30"}, b'{"error": "maintenance"}'), 200)
+    with pytest.raises(CloudUnavailable, match="retry after 30 s, past the deadline") as caught:
+        client(clock, script, deadline_s=2.0).infer(X, ["x"])
+    assert caught.value.reason == "overloaded" and clock.sleeps == [] and len(script.requests) == 1
+
+
+def test_an_unforeseen_transport_error_is_a_cloud_error():
+    clock = Clock()
+    with pytest.raises(CloudError) as caught:
+        client(clock, Script(clock, ValueError("Invalid header value"))).infer(X, ["x"])
+    assert caught.value.reason == "transport_error"
+
+
+def test_many_threads_share_one_client():
+    """8 threads x 100 calls through a transport that resets 30% of requests: every call ends in outputs or a
+    CloudError, and the counters add up."""
+    import threading
+
+    rng = random.Random(3)
+    lock = threading.Lock()
+
+    class Flaky:
+        def request(self, method, url, headers, body, timeout_s):
+            with lock:
+                fail = rng.random() < 0.3
+            if fail:
+                raise ConnectionResetError("reset")
+            return Response(200, {}, ok_body(json.loads(body)["id"]))
+
+        def close(self):
+            pass
+
+    c = CloudClient("http://127.0.0.1:9", "digits", transport=Flaky(), binary=False, backoff_base_s=0.0,
+                    backoff_cap_s=0.0)
+    outcomes = []
+
+    def work():
+        for _ in range(100):
+            try:
+                c.infer(X, ["x"])
+                outcome = "ok"
+            except CloudError as exc:
+                outcome = exc.reason
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats = c.stats()
+    assert len(outcomes) == 800 and stats["calls"] == 800
+    assert stats["ok"] == outcomes.count("ok") and stats["ok"] + sum(stats["failures"].values()) == 800
+    assert stats["attempts"] == stats["calls"] - stats["failures"].get("circuit_open", 0) + stats["retries"]

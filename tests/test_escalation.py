@@ -87,3 +87,17 @@ def test_unlabelled_validation_data_is_refused(digits_bundle, tmp_path):
                            str(tmp_path / "nolabels.npz"), "--cloud-bundle", str(digits_bundle.bundle), "-q"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "has no labels" in proc.stderr
+
+
+def test_a_target_below_what_out_of_range_inputs_force_is_said_so():
+    curve = _sweep(np.array([0.9, 0.9, 0.9, 0.9]), np.array([True, True, False, False]),
+                   np.array([True, True, True, True]), np.array([True, True, True, True]), "max_prob")
+    best, why = _choose(curve, 0.25, None, 1.0)
+    assert best["escalation_rate"] == 0.5 and "out of reach" in why
+
+
+def test_the_escalate_all_point_is_what_the_runtime_does():
+    """A top-1 probability of exactly 1.0 is not below any threshold in [0, 1]: the sweep says so too."""
+    curve = _sweep(np.array([0.5, 1.0]), np.zeros(2, bool), np.array([True, True]), np.array([True, True]),
+                   "max_prob")
+    assert max(p["escalation_rate"] for p in curve) == 0.5 and all(p["threshold"] <= 1.0 for p in curve)

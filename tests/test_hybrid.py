@@ -126,3 +126,102 @@ def test_one_deadline_covers_everything_a_prediction_asks_of_the_cloud(digits_bu
             took = time.perf_counter() - t0
             assert result.degraded and result.cloud_error == "timeout"
             assert took < 0.4 + 0.15, f"predict took {took:.3f} s against a 0.4 s deadline"
+
+
+class ScriptedCloud:
+    """A V2 endpoint in a function: answers the model check from the bundle's manifest (or ``metadata``) and an
+    infer with fixed logits; counts requests. For the hybrid logic only; the real server is in
+    test_hybrid_cloud.py."""
+
+    def __init__(self, manifest: dict, metadata: dict | None = None):
+        import json
+
+        self.requests: list[str] = []
+        self.metadata = json.dumps(metadata or {"name": manifest["name"], "inputs": [
+            {"name": t["name"], "datatype": "FP32", "shape": t["shape"]} for t in manifest["inputs"]]}).encode()
+        self.answer = {"outputs": [{"name": "o", "shape": [1, 10], "datatype": "FP32", "data": [0.0] * 9 + [9.0]}]}
+
+    def request(self, method, url, headers, body, timeout_s):
+        import json
+
+        from edgesdk.cloud.client import Response
+
+        self.requests.append(f"{method} {url.split('/v2', 1)[1]}")
+        if url.endswith("/infer"):
+            return Response(200, {}, json.dumps({**self.answer, "id": json.loads(body)["id"]}).encode())
+        if url.endswith("/v2"):
+            return Response(200, {}, b'{"name": "scripted", "extensions": []}')
+        return Response(200, {}, self.metadata)
+
+    def close(self):
+        pass
+
+
+def scripted_model(digits_bundle, metadata=None, **options):
+    from edgesdk.cloud.client import CloudClient
+
+    manifest = Bundle.open(digits_bundle.bundle).manifest
+    cloud = ScriptedCloud(manifest, metadata)
+    client = CloudClient("http://127.0.0.1:9", manifest["name"], transport=cloud)
+    options = {"require": "onnxruntime", "mode": "prefer-device", "cloud": client,
+               "escalation": EscalationPolicy(threshold=1.0), **options}
+    return edgesdk.load(digits_bundle.bundle, **options), cloud
+
+
+def test_a_model_mismatch_fails_every_escalation_at_once(digits_bundle):
+    wrong = {"name": "digits", "inputs": [{"name": "x", "datatype": "FP16", "shape": [1, 1, 8, 8]}]}
+    model, cloud = scripted_model(digits_bundle, metadata=wrong)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with model:
+        first, second = model.predict(x), model.predict(x)
+    assert first.degraded and first.cloud_error == "model_mismatch" and second.cloud_error == "model_mismatch"
+    assert cloud.requests == [f"GET /models/{Bundle.open(digits_bundle.bundle).name}"]  # asked once, never infer
+
+
+def test_device_only_per_call_on_a_hybrid_model_sends_nothing(digits_bundle):
+    model, cloud = scripted_model(digits_bundle)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with model:
+        result = model.predict(x, mode="device-only")
+    assert result.source == "device" and cloud.requests == []
+
+
+def test_a_device_backend_failing_at_run_time_escalates(digits_bundle):
+    from edgesdk.engines import register_backend, unregister_backend
+    from fakes import NAME, ThrowingNPUEngine
+
+    register_backend(NAME, ThrowingNPUEngine)  # a fake NPU whose delegate throws at run time
+    try:
+        model, cloud = scripted_model(digits_bundle, require=None, check_numerics=False,
+                                      escalation=EscalationPolicy(threshold=0.0))
+        x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+        with model:
+            assert model.device.placement.engine == NAME
+            result = model.predict(x)
+    finally:
+        unregister_backend(NAME)
+    assert result.source == "cloud" and result.escalation_reason == "no_backend"
+    assert int(result.outputs[0].argmax()) == 9
+
+
+def test_the_device_error_is_raised_fresh_each_time(digits_bundle):
+    """With no device backend and a failing cloud, each call raises its own exception (no shared traceback)."""
+    from edgesdk.cloud.client import CloudClient
+    from edgesdk.errors import BackendUnavailable
+
+    client = CloudClient(f"http://127.0.0.1:{_free_port()}", "digits", max_attempts=1)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, require="NPU", mode="prefer-device", cloud=client) as model:
+        errors = []
+        for _ in range(3):
+            with pytest.raises(BackendUnavailable) as caught:
+                model.predict(x)
+            errors.append(caught.value)
+    assert len({id(e) for e in errors}) == 3 and all(e.reason == "device_missing" for e in errors)
+    assert all(e.__cause__ is not None for e in errors)  # the cloud's failure, chained
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

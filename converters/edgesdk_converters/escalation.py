@@ -37,7 +37,8 @@ DEFAULT_GAP = 0.003  # hybrid accuracy may be this much below cloud-only (0.3 po
 CURVE_POINTS = 101
 
 
-def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = None, cloud_bundle: str | Path | None = None,
+def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = None,
+                         cloud_bundle: str | Path | None = None,
                          target_escalation: float | None = None, target_accuracy: float | None = None,
                          signal: str = "max_prob", token_env: str | None = None, write: bool = True,
                          progress: bool = True, say: Callable[[str], None] = print, **load_options: Any) -> dict:
@@ -63,10 +64,26 @@ def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = No
     names = [s.name for s in specs]
     ranges = (b.manifest.get("calibration") or {}).get("input_ranges")
     device = edgesdk.load(bundle_path, **load_options)
+    closing = [device]
+    try:
+        return _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closing, cloud, cloud_bundle,
+                                   target_escalation, target_accuracy, signal, token_env, write, progress, say,
+                                   load_options)
+    finally:
+        for thing in closing:
+            thing.close()
+
+
+def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closing, cloud, cloud_bundle,
+                        target_escalation, target_accuracy, signal, token_env, write, progress, say,
+                        load_options) -> dict:
+    import edgesdk
+
     if cloud is not None:
         from edgesdk.cloud.client import CloudClient
 
         client = CloudClient(cloud, b.name, token_env=token_env, deadline_s=10.0, timeout_s=5.0)
+        closing.append(client)
         client.check_inputs(b.manifest["inputs"])
         remote = lambda feeds: client.infer(feeds, names)  # noqa: E731
         cloud_name = cloud
@@ -74,6 +91,7 @@ def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = No
         # The float reference, as `edgesdk serve` serves by default (an explicit artifact goes first).
         floats = [a["id"] for a in Bundle.open(cloud_bundle).manifest["artifacts"] if a["precision"] == "fp32"]
         local = edgesdk.load(cloud_bundle, **{"artifact": floats[0] if floats else None, **load_options})
+        closing.append(local)
         remote = lambda feeds: local._run(feeds, 0.0).outputs  # noqa: E731
         cloud_name = f"bundle {Path(cloud_bundle).name} run here ({local.placement.artifact})"
     policy = EscalationPolicy(signal=signal, threshold=0.0)
@@ -120,7 +138,6 @@ def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = No
         "curve": _thin(curve),
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    device.close()
     say(f"device-only {device_acc:.2%}, cloud-only {cloud_acc:.2%}; chosen {signal} threshold "
         f"{chosen['threshold']:.4f} ({why}): escalates {chosen['escalation_rate']:.1%}, hybrid "
         f"{chosen['accuracy']:.2%} ({elapsed:.1f} s)")
@@ -138,11 +155,11 @@ def _sweep(sig: np.ndarray, out_of_range: np.ndarray, device_ok: np.ndarray, clo
     values = np.unique(sig)
     edges = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
     points = []
-    for t in edges:
+    for t in np.clip(edges, 0.0, 1.0):  # a policy threshold is in [0, 1]: measure what the runtime will do
         hard = (sig > t) if signal == "entropy" else (sig < t)
         escalate = hard | out_of_range
         correct = np.where(escalate, cloud_ok, device_ok)
-        points.append({"threshold": float(np.clip(t, 0.0, 1.0)), "escalation_rate": float(escalate.sum() / n),
+        points.append({"threshold": float(t), "escalation_rate": float(escalate.sum() / n),
                        "accuracy": float(correct.mean())})
     points.sort(key=lambda p: (p["escalation_rate"], -p["accuracy"]))
     return points
@@ -152,6 +169,10 @@ def _choose(curve: list[dict], target_escalation: float | None, target_accuracy:
             cloud_acc: float) -> tuple[dict, str]:
     if target_escalation is not None:
         within = [p for p in curve if p["escalation_rate"] <= target_escalation + 1e-12]
+        if not within:  # out-of-range inputs alone escalate more than the target
+            fewest = min(curve, key=lambda p: (p["escalation_rate"], -p["accuracy"]))
+            return fewest, (f"at most {target_escalation:.1%} is out of reach (out-of-range inputs alone escalate "
+                            f"{fewest['escalation_rate']:.1%}); the fewest escalations instead")
         best = max(within, key=lambda p: (p["accuracy"], -p["escalation_rate"]))
         return best, f"best accuracy escalating at most {target_escalation:.1%}"
     goal = target_accuracy if target_accuracy is not None else cloud_acc - DEFAULT_GAP

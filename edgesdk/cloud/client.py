@@ -15,8 +15,11 @@ the device needs from a remote service it cannot control:
   certificate verification, and plain ``http`` only to a loopback address unless ``allow_insecure_http``;
 - the binary tensor extension when the server lists ``binary_tensor_data``, JSON tensors otherwise.
 
-Nothing here logs a request or response body. Every failure is a :class:`~edgesdk.errors.CloudError`: the
-caller (hybrid mode) answers from the device instead.
+Nothing here logs a request or response body, or a token. Every failure of a call is a
+:class:`~edgesdk.errors.CloudError` (a malformed answer too): the caller (hybrid mode) answers from the device
+instead. The deadline bounds the attempts and the pauses between them; within one attempt the socket timeout
+applies to each read (a server that trickles bytes can stretch it) and the host name is resolved by the system
+(use an address, or a resolver with its own timeout, where that matters).
 
 The transport is injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s) ->
 Response`` that raises ``OSError`` (``TimeoutError`` for a timeout) when no response came. The default,
@@ -54,7 +57,7 @@ _V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 # Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
 SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_error", "bad_response", "retry_budget",
-                             "tls"})
+                             "tls", "transport_error"})
 LOOPBACK_NAMES = ("localhost",)
 MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
 BINARY_RECHECK_S = 60.0  # after a failed GET /v2, JSON is used this long before asking again
@@ -109,6 +112,9 @@ class HttpTransport:
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             conns.pop(key, None)
+            with self._lock:
+                if conn in self._all:
+                    self._all.remove(conn)
             if isinstance(exc, http.client.HTTPException):
                 raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
             raise
@@ -165,38 +171,53 @@ class CircuitBreaker:
         self.state = "closed"
         self._opened_at = 0.0
         self._probing = False
+        self._generation = 0  # bumped at every state change: tickets of older generations are not counted
         self.opened = self.recovered = 0  # how many times it opened, and closed again after a probe
 
-    def allow(self) -> bool:
+    def allow(self) -> tuple[int, bool] | None:
+        """A ticket for one call (None: fail fast), to hand back to :meth:`record`. In half-open only one
+        ticket is a probe; results of calls let through before the state changed are ignored."""
         with self._lock:
             if self.state == "closed":
-                return True
+                return (self._generation, False)
             if self.state == "open" and self._clock() - self._opened_at >= self.cooldown_s:
                 self.state = "half_open"
+                self._generation += 1
             if self.state == "half_open" and not self._probing:
                 self._probing = True
-                return True
-            return False
+                return (self._generation, True)
+            return None
 
-    def record(self, success: bool) -> None:
+    def record(self, ticket: tuple[int, bool], success: bool | None) -> None:
+        """Count a call's outcome; ``success`` None: it sent nothing (a probe is handed back unused)."""
+        generation, probe = ticket
         with self._lock:
+            if generation != self._generation:
+                return  # a call from before the last state change: it says nothing about now
             if self.state == "half_open":
+                if not probe:
+                    return
                 self._probing = False
+                if success is None:
+                    return
                 if success:
                     self.state = "closed"
+                    self._generation += 1
                     self._outcomes.clear()
                     self.recovered += 1
                 else:
                     self._open()
                 return
+            if self.state != "closed" or success is None:
+                return
             self._outcomes.append(success)
             failures = self._outcomes.count(False)
-            if self.state == "closed" and len(self._outcomes) >= self.min_calls and \
-                    failures >= self.failure_rate * len(self._outcomes):
+            if len(self._outcomes) >= self.min_calls and failures >= self.failure_rate * len(self._outcomes):
                 self._open()
 
     def _open(self) -> None:
         self.state = "open"
+        self._generation += 1
         self._opened_at = self._clock()
         self._outcomes.clear()
         self.opened += 1
@@ -273,7 +294,10 @@ class CloudClient:
         ``name``, ``shape``, ``dtype``); raises :class:`CloudError` (reason ``model_mismatch``) naming every
         difference. Returns the metadata."""
         meta = self.model_metadata(deadline_s)
-        served = {i.get("name"): i for i in meta.get("inputs", [])}
+        listed = meta.get("inputs")
+        if not isinstance(listed, list) or not all(isinstance(i, dict) for i in listed):
+            raise CloudError("bad_response", f"model {self.model!r} at {self.url}: its metadata lists no inputs")
+        served = {i.get("name"): i for i in listed}
         problems = []
         for spec in inputs:
             name, shape = spec["name"], list(spec["shape"])
@@ -284,7 +308,7 @@ class CloudClient:
                 continue
             if got.get("datatype") != datatype:
                 problems.append(f"input {name!r} is {got.get('datatype')} there, {datatype} here")
-            their = list(got.get("shape", []))
+            their = got.get("shape") if isinstance(got.get("shape"), list) else []
             if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
                 problems.append(f"input {name!r} has shape {their} there, {shape} here")
         if problems:
@@ -302,8 +326,8 @@ class CloudClient:
         rid = request_id or uuid.uuid4().hex
         binary = self._binary if self._binary is not None else self._server_has_binary(end - self.clock())
         body, headers = _encode(arrays, names, rid, binary)
-        resp = self._call("POST", self._model_url + "/infer", body, headers, deadline_s=end - self.clock())
-        return _decode(resp, rid)
+        return self._call("POST", self._model_url + "/infer", body, headers, deadline_s=end - self.clock(),
+                          read=lambda resp: _decode(resp, rid))
 
     def stats(self) -> dict:
         with self._lock:
@@ -340,45 +364,73 @@ class CloudClient:
         return self._binary
 
     def _get_json(self, path: str, retry: bool = True, deadline_s: float | None = None) -> dict:
-        resp = self._call("GET", self.url + path, None, {}, retry=retry, deadline_s=deadline_s)
-        try:
+        def read(resp: Response) -> dict:
             data = json.loads(resp.body)
-        except ValueError as exc:
-            raise CloudError("bad_response", f"GET {path} answered {resp.status} with a body that is not JSON",
-                             resp.status) from exc
-        if not isinstance(data, dict):
-            raise CloudError("bad_response", f"GET {path} answered with {type(data).__name__}, not an object",
-                             resp.status)
-        return data
+            if not isinstance(data, dict):
+                raise ValueError(f"GET {path} answered with {type(data).__name__}, not a JSON object")
+            return data
+
+        return self._call("GET", self.url + path, None, {}, retry=retry, deadline_s=deadline_s, read=read)
 
     def _headers(self, extra: Mapping[str, str]) -> dict:
         headers = {"Accept": "application/json", **extra}
-        token = self._token() if callable(self._token) else self._token
         if self._token_env is not None:
             token = os.environ.get(self._token_env)
             if not token:
                 raise CloudError("no_token", f"the environment variable {self._token_env} that should hold the "
                                              "cloud token is not set")
+        elif callable(self._token):
+            try:
+                token = self._token()
+            except Exception as exc:  # the app's callback: its message may hold anything, so it is not quoted
+                raise CloudError("no_token", f"the token callback raised {type(exc).__name__}") from None
+        else:
+            token = self._token
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            if not isinstance(token, str) or any(c in token for c in "\r\n") or not token.isascii():
+                raise CloudError("no_token", "the cloud token must be a single line of ASCII text (it is not shown)")
+            headers["Authorization"] = f"Bearer {token.strip()}"
         return headers
 
     def _call(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], *, retry: bool = True,
-              deadline_s: float | None = None) -> Response:
+              deadline_s: float | None = None, read: Callable[[Response], Any] = lambda resp: resp) -> Any:
         """One call (with its retries) through the circuit breaker, which counts calls, not attempts: a fault
-        that a retry rescued says nothing bad about the endpoint."""
+        that a retry rescued says nothing bad about the endpoint. ``read`` turns the response into the answer
+        inside the breaker's accounting (a malformed answer is the endpoint's failure). Every failure is a
+        :class:`CloudError`, whatever raised it."""
         with self._lock:
             self._stats["calls"] += 1
-        if not self.breaker.allow():
+        ticket = self.breaker.allow()
+        if ticket is None:
             raise self._fail(CloudUnavailable("circuit_open", f"the circuit to {self.url} is open after repeated "
                                               "failures; calls fail at once until a probe succeeds"))
+        ok = False
         try:
-            resp = self._attempts(method, url, body, headers, retry, deadline_s)
+            try:
+                resp = self._attempts(method, url, body, headers, retry, deadline_s)
+            except CloudError:
+                raise
+            except Exception as exc:  # the transport failed in a way no OSError covers: still a CloudError
+                detail = f"{method} {urlsplit(url).path}: {type(exc).__name__}: {_safe(exc)}"
+                raise self._fail(CloudError("transport_error", detail, None, 1)) from None
+            try:
+                answer = read(resp)
+            except CloudError as exc:
+                exc.attempts = max(exc.attempts, 1)
+                raise self._fail(exc)
+            except Exception as exc:  # a malformed answer or anything unforeseen: never past the caller's fallback
+                raise self._fail(CloudError("bad_response", f"{method} {urlsplit(url).path}: {type(exc).__name__}: "
+                                                            f"{_safe(exc)}", resp.status, 1)) from None
+            ok = True
+            with self._lock:
+                self._stats["ok"] += 1
+            return answer
         except CloudError as exc:
-            self.breaker.record(exc.reason not in SERVER_FAILURES)
+            # Nothing sent (no token, no time left): the call says nothing about the endpoint either way.
+            ok = None if exc.attempts == 0 else exc.reason not in SERVER_FAILURES
             raise
-        self.breaker.record(True)
-        return resp
+        finally:
+            self.breaker.record(ticket, ok)  # always settled, so a probe can never be left hanging
 
     def _attempts(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], retry: bool,
                   deadline_s: float | None) -> Response:
@@ -403,7 +455,7 @@ class CloudClient:
                                                min(self.timeout_s, remaining))
             except (TimeoutError, socket.timeout):
                 last, status = "timeout", None
-            except ssl.SSLError as exc:  # a certificate that does not verify will not verify on a retry either
+            except ssl.SSLCertVerificationError as exc:  # it will not verify on a retry either
                 raise self._fail(CloudUnavailable("tls", f"{method} {path}: the TLS connection to {self.url} failed "
                                                   f"({type(exc).__name__}: {exc}); pass cafile= for a private CA",
                                                   None, attempts)) from exc
@@ -414,8 +466,6 @@ class CloudClient:
                 log.debug("%s %s -> %d in %.1f ms (attempt %d)", method, path, status, (self._clock() - t0) * 1e3,
                           attempts)
                 if 200 <= status < 300:
-                    with self._lock:
-                        self._stats["ok"] += 1
                     return resp
                 message = _error_message(resp)
                 if status not in RETRYABLE_STATUS:
@@ -432,10 +482,16 @@ class CloudClient:
                 break
             pause = self._rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** (attempts - 1)))
             if retry_after is not None:
-                pause = max(pause, min(retry_after, self.backoff_cap_s))
+                if self._clock() + retry_after >= deadline:
+                    raise self._fail(CloudUnavailable("overloaded", f"{method} {path}: the server asks to retry after "
+                                                      f"{retry_after:g} s, past the deadline ({last})", status,
+                                                      attempts))
+                pause = max(pause, retry_after)
             if self._clock() + pause >= deadline:
-                raise self._fail(CloudTimeout("timeout", f"{method} {path}: the deadline leaves no time for another "
-                                              f"attempt ({attempts} made; last: {last})", status, attempts))
+                cls, reason = (CloudTimeout, "timeout") if last == "timeout" else \
+                    (CloudUnavailable, "overloaded" if status in RETRYABLE_STATUS else "unreachable")
+                raise self._fail(cls(reason, f"{method} {path}: the deadline leaves no time for another attempt "
+                                             f"({attempts} made; last: {last})", status, attempts))
             if not self.retry_budget.withdraw():
                 raise self._fail(CloudUnavailable("retry_budget", f"{method} {path} failed ({last}) and the retry "
                                                   "budget is spent: the endpoint is failing too often to retry",
@@ -527,13 +583,20 @@ def _decode(resp: Response, rid: str) -> list[np.ndarray]:
             else:
                 arr = np.asarray(out["data"], dtype=dtype).reshape(shape)
             outputs.append(arr.astype(dtype.newbyteorder("=")))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CloudError("bad_response", f"the infer response is not valid V2: {type(exc).__name__}: {exc}",
-                         resp.status) from exc
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError, IndexError) as exc:
+        raise CloudError("bad_response", f"the infer response is not valid V2: {type(exc).__name__}: {_safe(exc)}",
+                         resp.status) from None
     if answer.get("id") not in (None, rid):
         raise CloudError("bad_response", f"the infer response answers request {answer.get('id')!r}, not {rid!r}",
                          resp.status)
+    if not outputs:
+        raise CloudError("bad_response", "the infer response has no outputs", resp.status)
     return outputs
+
+
+def _safe(exc: BaseException) -> str:
+    """An exception's message for our own error text, cut short (it may quote a server's body)."""
+    return str(exc)[:MAX_ERROR_CHARS]
 
 
 def _error_message(resp: Response) -> str:
