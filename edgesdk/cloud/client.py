@@ -251,6 +251,10 @@ class CloudClient:
             raise InputError(f"cloud client: max_attempts must be an integer >= 1, got {max_attempts!r}")
         if token is not None and token_env is not None:
             raise InputError("cloud client: pass token or token_env, not both")
+        if (token is not None or token_env is not None) and self.url.startswith("http://") and \
+                not _is_loopback(urlsplit(self.url).hostname or ""):
+            log.warning("the cloud token for %s will travel in clear text (plain http, allow_insecure_http=True)",
+                        self.url)
         self.model, self.version = model, version
         self.timeout_s, self.deadline_s, self.max_attempts = float(timeout_s), float(deadline_s), max_attempts
         self.backoff_base_s, self.backoff_cap_s = float(backoff_base_s), float(backoff_cap_s)
