@@ -88,9 +88,11 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         remote = lambda feeds: client.infer(feeds, names)  # noqa: E731
         cloud_name = cloud
     else:
-        # The float reference, as `edgesdk serve` serves by default (an explicit artifact goes first).
-        floats = [a["id"] for a in Bundle.open(cloud_bundle).manifest["artifacts"] if a["precision"] == "fp32"]
-        local = edgesdk.load(cloud_bundle, **{"artifact": floats[0] if floats else None, **load_options})
+        from edgesdk.cloud.server import serving_artifact
+
+        # What `edgesdk serve` serves by default (an explicit artifact goes first).
+        served = serving_artifact(Bundle.open(cloud_bundle)).id
+        local = edgesdk.load(cloud_bundle, **{"artifact": served, **load_options})
         closing.append(local)
         remote = lambda feeds: local._run(feeds, 0.0).outputs  # noqa: E731
         cloud_name = f"bundle {Path(cloud_bundle).name} run here ({local.placement.artifact})"

@@ -108,22 +108,11 @@ def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None
 # -- choosing the artifact ---------------------------------------------------------------------------------------
 
 def _default_float(bundle: Bundle) -> Artifact:
-    """``edgesdk serve``'s default (most accurate float, then the golden reference, then manifest order), without
-    its condition that the engine be installed here: the image installs the engine of the artifact chosen."""
-    floats = [a for a in bundle.artifacts if a.precision == "fp32"]
-    if not floats:
-        ids = ", ".join(a.id for a in bundle.artifacts)
-        raise BundleError(f"bundle {bundle.name!r} has no float artifact to serve by default; name one with "
-                          f"--artifact (artifacts: {ids})")
-    validation = bundle.manifest.get("validation") or {}
-    reference = (bundle.manifest.get("golden") or {}).get("reference")
+    """``edgesdk serve``'s default without its condition that the engine be installed here: the image installs the
+    engine of the artifact chosen."""
+    from .server import serving_artifact
 
-    def rank(a: Artifact) -> tuple[float, bool]:
-        accuracy = (validation.get(a.id) or {}).get("accuracy")
-        known = isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool)
-        return (-accuracy if known else math.inf, a.id != reference)
-
-    return min(floats, key=rank)
+    return serving_artifact(bundle, installed_only=False)
 
 
 def _onnx_artifact(bundle: Bundle, artifact: str | None) -> Artifact:

@@ -32,10 +32,10 @@ import numpy as np
 from ..bundle import Artifact, Bundle
 from ..engines import engine_version
 from ..errors import BackendUnavailable, BundleError, InputError
+from .client import DATATYPES
 
-V2_DATATYPES = {"bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
-                "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16",
-                "float32": "FP32", "float64": "FP64"}
+# numpy dtype name -> V2 datatype, from the client's table (one table for both sides of the wire)
+V2_DATATYPES = {np.dtype(t).name: name for name, t in DATATYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,9 @@ def _v2_tensor(entry: dict[str, Any], model: str) -> V2Tensor:
     return V2Tensor(entry["name"], tuple(int(d) for d in entry["shape"]), str(entry["dtype"]), datatype)
 
 
-def serving_artifact(bundle: Bundle) -> Artifact:
-    """The artifact served when none is named: the most accurate float artifact whose engine is installed here.
+def serving_artifact(bundle: Bundle, installed_only: bool = True) -> Artifact:
+    """The artifact served when none is named: the most accurate float artifact (whose engine is installed here,
+    unless ``installed_only`` is False: an image that installs the engine).
 
     Accuracy is the bundle's validation ``accuracy``; on a tie the golden reference artifact wins, then manifest order.
     """
@@ -134,7 +135,7 @@ def serving_artifact(bundle: Bundle) -> Artifact:
         ids = ", ".join(a.id for a in bundle.artifacts)
         raise BundleError(f"bundle {bundle.name!r} has no float artifact to serve by default; name one "
                           f"(artifacts: {ids})")
-    runnable = [a for a in floats if engine_version(a.engine) is not None]
+    runnable = [a for a in floats if engine_version(a.engine) is not None] if installed_only else floats
     if not runnable:
         engines = ", ".join(sorted({a.engine for a in floats}))
         raise BackendUnavailable("engine_missing", f"bundle {bundle.name!r} has float artifacts for {engines}, "
