@@ -10,7 +10,8 @@ from typing import List, Optional
 
 import typer
 
-from .errors import BackendUnavailable, BudgetExceeded, CloudError, ConversionError, EdgeSDKError, ValidationFailed
+from .errors import (BackendUnavailable, BudgetExceeded, CloudError, ConversionError, EdgeSDKError, InputError,
+                     ValidationFailed)
 
 app = typer.Typer(
     help="edgesdk: quantize models into validated INT8 bundles, inspect them, and run them on the best device here.",
@@ -197,6 +198,54 @@ def devices(
               f"critical {profile.thermal.get('critical_c')} C)")
     print(f"memory: {memory_now['available_mb']} MB available of {memory_now['limit_mb']} MB "
           f"({memory_now['source']}); this process uses {memory_now['rss_mb']} MB")
+
+
+@app.command()
+def bench(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="ENGINE:DEVICE:ARTIFACT to measure (default: the "
+                                          "one edgesdk.load picks here)."),
+    all_backends: bool = typer.Option(False, "--all", help="Every viable backend and artifact, side by side."),
+    scenario: str = typer.Option("both", "--scenario", help="single-stream, offline or both."),
+    duration: float = typer.Option(5.0, "--duration", help="Seconds per scenario (single-stream runs on until "
+                                   "662 queries, for a p99)."),
+    no_cold: bool = typer.Option(False, "--no-cold-start", help="Skip the cold-start runs (fresh processes)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the platform profile's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a latency CDF per backend to this PNG."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Measure a bundle on this device, MLPerf-style: single-stream latency p50/p90/p99, offline throughput, cold
+    start with and without the compile cache, peak memory; each backend in a fresh process."""
+    from .bench import BenchOptions, parse_backend, plot, table, viable_backends
+    from .bench import bench as run_bench
+
+    if backend and all_backends:
+        raise InputError("give --backend or --all, not both")
+    options = BenchOptions(scenario=scenario, duration_s=duration, cold_start=not no_cold, threads=threads)
+    chosen = None
+    if backend:
+        chosen = [parse_backend(backend)]
+    elif all_backends:
+        chosen, _ = viable_backends(bundle)
+        if not chosen:
+            raise BackendUnavailable("no_candidate", f"no installed engine can run any artifact of {bundle}")
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    report = run_bench(bundle, chosen, options, progress=say)
+    if plot_path is not None:
+        say(f"latency CDF written to {plot(report, plot_path)}")
+    for row in report["backends"]:
+        row.pop("latencies_ms", None)  # thousands of numbers: the plot has them
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(table(report))
+    if not report["backends"]:
+        raise typer.Exit(3)
 
 
 def _thermal_now(root: Path, profile) -> dict:
