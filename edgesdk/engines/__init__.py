@@ -68,7 +68,11 @@ def engine_class(name: str) -> type[Engine]:
 
 
 def open_engine(name: str, model_path: str | Path, **options) -> Engine:
-    """Load ``model_path`` on engine ``name`` (options: device, precision_hint, num_threads)."""
+    """Load ``model_path`` on engine ``name`` (options: device, precision_hint, num_threads, cache_dir).
+
+    ``cache_dir`` lets the engine keep its compiled or optimized model for later processes, where one
+    applies (``engine_class(name).compile_cache(device)``); None (the default) keeps nothing.
+    """
     return engine_class(name)(model_path, **options)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import platform
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,22 @@ class TensorSpec:
 
 
 KINDS = ("NPU", "GPU", "CPU")
+
+
+def cache_key(*parts: object) -> str:
+    """A file-name-safe digest of everything a cached compile depends on (model digests, versions, options)."""
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+def host_cpu() -> str:
+    """This CPU's model and feature flags: optimized graphs and compiled blobs may use its instructions."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return f"{platform.system()} {platform.machine()}"
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    lines = {ln.split(":", 1)[0].strip(): ln for ln in info.splitlines() if ln.split(":", 1)[0].strip() in wanted}
+    return platform.machine() + " " + " ".join(sorted(lines.values()))
 
 
 @dataclass(frozen=True)
@@ -78,8 +96,13 @@ class Engine(ABC):
         """The devices this engine can use here (no model needed)."""
         return Discovery(cls.name, None, [Device(cls.name, "CPU", "CPU")], [])
 
+    @classmethod
+    def compile_cache(cls, device: str = "CPU") -> str | None:
+        """The compile cache kept in ``cache_dir`` on ``device``: "CACHE_DIR", "optimized model", or None."""
+        return None
+
     def __init__(self, model_path: str | Path, *, device: str = "CPU", precision_hint: str | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, cache_dir: str | Path | None = None):
         self.model_path = Path(model_path)
         if self.suffixes and self.model_path.suffix.lower() not in self.suffixes:
             raise BackendUnavailable("unsupported_artifact", f"{self.name} runs {', '.join(self.suffixes)} files, "
@@ -87,6 +110,12 @@ class Engine(ABC):
         self.device = device
         self.precision_hint = precision_hint
         self.num_threads = num_threads
+        # Where the engine may keep compiled or optimized models between processes (None: no cache).
+        # A cache only saves load time: a missing, stale or damaged entry is rebuilt, never served.
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        # What this load did with the cache: None (no cache here), "hit", "stored" (built and saved),
+        # "rebuilt" (a damaged entry was discarded and replaced) or "unwritable" (loaded without caching).
+        self.cache_state: str | None = None
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
 
@@ -108,6 +137,11 @@ class Engine(ABC):
     def effective_precision(self) -> str | None:
         """The precision the engine computes in, where it tells (e.g. OpenVINO's bf16 on AMX)."""
         return None
+
+    @property
+    def cache(self) -> str | None:
+        """The compile cache this load used (see :meth:`compile_cache`); None without ``cache_dir``."""
+        return self.compile_cache(self.device) if self.cache_dir is not None else None
 
     @property
     def executing(self) -> list[str]:

@@ -3,6 +3,10 @@
 CPU runs on the classic Interpreter with XNNPACK. GPU and NPU go through LiteRT's
 CompiledModel with that accelerator alone, so a model that does not fully run there
 fails to load (and the runtime records why) instead of silently running on the CPU.
+
+No compile cache applies (``cache_dir`` is accepted and unused): the classic Interpreter has no way to
+set XNNPACK's weight cache file, which only CompiledModel's CPU options take
+(``CpuOptions(xnnpack_weight_cache_path=...)``), and the GPU/NPU path here runs without the CPU.
 """
 
 from __future__ import annotations

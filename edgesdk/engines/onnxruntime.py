@@ -1,13 +1,28 @@
-"""ONNX Runtime: .onnx on any available execution provider (CPU, CUDA, QNN, OpenVINO EP, CoreML, ...)."""
+"""ONNX Runtime: .onnx on any available execution provider (CPU, CUDA, QNN, OpenVINO EP, CoreML, ...).
+
+With ``cache_dir`` on the CPU provider, the graph ORT optimized at the first load is saved there and
+loaded as it is by later processes (ORT's offline optimization mode), skipping the optimization passes.
+"""
 
 from __future__ import annotations
 
 
+import glob
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 
+from ..bundle import sha256_file
 from ..errors import BackendUnavailable
-from .base import Device, Discovery, Engine, TensorSpec
+from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
+
+CACHE_KIND = "optimized model"
+# How an ONNX tensor points at an external data file (StringStringEntryProto key "location").
+_EXTERNAL_DATA = b"\x0a\x08location"
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
@@ -39,6 +54,15 @@ def _ep_kinds() -> dict[str, str]:
     return kinds
 
 
+def _read_verified(path: Path, digest: str) -> bytes | None:
+    """The file's bytes if their sha256 starts with ``digest`` (written into its name when it was saved)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if len(digest) == 32 and hashlib.sha256(data).hexdigest()[:32] == digest else None
+
+
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
     suffixes = (".onnx",)
@@ -64,9 +88,24 @@ class OnnxRuntimeEngine(Engine):
                  for kind in ("GPU", "NPU") if not any(d.kind == kind for d in devices)]
         return Discovery("onnxruntime", engine_version("onnxruntime"), devices, notes)
 
+    @classmethod
+    def compile_cache(cls, device: str = "CPU") -> str | None:
+        # Providers that compile nodes (QNN, TensorRT, OpenVINO EP) cannot save them as a plain optimized graph:
+        # they have their own EP context caches, not used here.
+        return CACHE_KIND if device in ("CPU", "CPUExecutionProvider") else None
+
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
         provider = self._provider(self.device)
+        if self.cache_dir is not None and self.compile_cache(provider):
+            self._session = self._open_cached(provider)
+        else:
+            self._session = self._open(str(self.model_path), self._session_options(provider), provider)
+        self.inputs = [_spec(a) for a in self._session.get_inputs()]
+        self.outputs = [_spec(a) for a in self._session.get_outputs()]
+        self._in_names = [s.name for s in self.inputs]
+
+    def _session_options(self, provider: str) -> ort.SessionOptions:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         if self.num_threads:
@@ -74,16 +113,77 @@ class OnnxRuntimeEngine(Engine):
         if provider != "CPUExecutionProvider":
             # A node the accelerator cannot take must fail the load, not run silently on the CPU.
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        return so
+
+    def _open(self, model: str | bytes, so: ort.SessionOptions, provider: str) -> ort.InferenceSession:
         try:
-            self._session = ort.InferenceSession(str(self.model_path), so, providers=[provider])
+            return ort.InferenceSession(model, so, providers=[provider])
         except Exception as exc:  # ORT raises its own pybind exception types
             text = str(exc)
             reason = "unsupported_ops" if "fallback" in text.lower() or "not supported" in text.lower() else "load_failed"
             raise BackendUnavailable(reason, f"ONNX Runtime cannot load {self.model_path.name} on {provider}: "
                                              f"{text[:300]}") from exc
-        self.inputs = [_spec(a) for a in self._session.get_inputs()]
-        self.outputs = [_spec(a) for a in self._session.get_outputs()]
-        self._in_names = [s.name for s in self.inputs]
+
+    def _open_cached(self, provider: str) -> ort.InferenceSession:
+        """Load the optimized graph saved by an earlier open, or optimize as usual and save the result.
+
+        ORT's offline mode: the saved graph already has every optimization of the online load applied,
+        so it is loaded with optimizations disabled. It is only valid for the same model, ORT version,
+        optimization level, provider and CPU (layout optimizations use its instruction set): all of them
+        are in the file name. The file's own sha256 is in its name too, so a damaged file is discarded,
+        never loaded; a new file is written under a temporary name and renamed into place.
+        """
+        so = self._session_options(provider)
+        try:
+            source = self.model_path.read_bytes()
+        except OSError:
+            source = None
+        if source is None or _EXTERNAL_DATA in source:
+            # Unreadable (ORT's own load says why), or weights kept in other files (ONNX external data),
+            # which are not in the key: not cached.
+            self.cache_state = "unavailable"
+            return self._open(str(self.model_path), so, provider)
+        folder = self.cache_dir / "onnxruntime"
+        key = cache_key(hashlib.sha256(source).hexdigest(), len(source), ort.__version__, so.graph_optimization_level,
+                        provider, host_cpu())
+        del source
+        stem = f"{self.model_path.stem}-{key}"
+        discarded = False
+        for entry in sorted(folder.glob(f"{glob.escape(stem)}.*.onnx")):
+            data = _read_verified(entry, entry.name[len(stem) + 1 : -len(".onnx")])
+            if data is not None:
+                fast = self._session_options(provider)
+                fast.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                try:
+                    session = ort.InferenceSession(data, fast, providers=[provider])
+                    self.cache_state = "hit"
+                    return session
+                except Exception:  # intact but unloadable here (a file from another build): replace it
+                    pass
+            entry.unlink(missing_ok=True)
+            discarded = True
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".{stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.onnx"
+        except OSError:
+            self.cache_state = "unavailable"
+            return self._open(str(self.model_path), so, provider)
+        so.optimized_model_filepath = str(tmp)
+        try:
+            session = self._open(str(self.model_path), so, provider)
+        except BackendUnavailable:
+            # Saving can fail where loading does not (read-only folder, a model over protobuf's 2 GB):
+            # load without the cache; if that fails too, its error is about the model.
+            tmp.unlink(missing_ok=True)
+            self.cache_state = "unavailable"
+            return self._open(str(self.model_path), self._session_options(provider), provider)
+        try:
+            os.replace(tmp, folder / f"{stem}.{sha256_file(tmp)[:32]}.onnx")
+            self.cache_state = "rebuilt" if discarded else "stored"
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            self.cache_state = "unavailable"
+        return session
 
     @staticmethod
     def _provider(device: str) -> str:

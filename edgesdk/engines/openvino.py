@@ -1,13 +1,26 @@
-"""OpenVINO: IR (.xml + .bin) on any device in ``Core().available_devices``."""
+"""OpenVINO: IR (.xml + .bin) on any device in ``Core().available_devices``.
+
+With ``cache_dir``, compiled models are kept through OpenVINO's ``CACHE_DIR`` and imported by later
+processes instead of compiled again (most of the load time on GPU and NPU, a part of it on CPU).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
 
+from ..bundle import sha256_file
 from ..errors import BackendUnavailable
-from .base import KINDS, Device, Discovery, Engine, TensorSpec
+from .base import KINDS, Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
+
+CACHE_KIND = "CACHE_DIR"
+_INTEGRITY = "integrity.json"
 
 _core: ov.Core | None = None
 _PRECISION_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "i8": "int8", "u8": "uint8"}
@@ -36,9 +49,33 @@ def _kind(device: str) -> str | None:
     return kind if kind in KINDS else None
 
 
+def _intact(folder: Path) -> bool:
+    """Every file of a cache folder is listed in its integrity.json with that size and sha256, and no other."""
+    try:
+        listing = json.loads((folder / _INTEGRITY).read_text(encoding="utf-8"))
+        present = {p.name for p in folder.iterdir()} - {_INTEGRITY}
+        if not listing or set(listing) != present:
+            return False
+        return all((folder / name).stat().st_size == entry["bytes"] and sha256_file(folder / name) == entry["sha256"]
+                   for name, entry in listing.items())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+
+
+def _loaded_from_cache(compiled: ov.CompiledModel) -> bool:
+    try:
+        return bool(compiled.get_property("LOADED_FROM_CACHE"))
+    except Exception:  # a plugin that does not report it (pybind raises RuntimeError or TypeError)
+        return False
+
+
 class OpenVINOEngine(Engine):
     name = "openvino"
     suffixes = (".xml",)
+
+    @classmethod
+    def compile_cache(cls, device: str = "CPU") -> str | None:
+        return CACHE_KIND
 
     @classmethod
     def discover(cls) -> Discovery:
@@ -75,18 +112,82 @@ class OpenVINOEngine(Engine):
             config["INFERENCE_PRECISION_HINT"] = self.precision_hint
         if self.num_threads and self.device.startswith("CPU"):
             config["INFERENCE_NUM_THREADS"] = str(self.num_threads)
+        self._compiled = self._compile_cached(config) if self.cache_dir is not None else None
+        if self._compiled is None:
+            self._compiled = self._compile(config)
+        self._request = self._compiled.create_infer_request()
+        self.inputs = [_spec(p) for p in self._compiled.inputs]
+        self.outputs = [_spec(p) for p in self._compiled.outputs]
+
+    def _compile(self, config: dict[str, str]) -> ov.CompiledModel:
         try:
             model = core().read_model(str(self.model_path))
         except RuntimeError as exc:
             raise BackendUnavailable("load_failed", f"OpenVINO cannot read {self.model_path.name}: {_first_line(exc)}") from exc
         try:
-            self._compiled = core().compile_model(model, self.device, config)
+            return core().compile_model(model, self.device, config)
         except RuntimeError as exc:
             raise BackendUnavailable("compile_failed", f"OpenVINO cannot compile {self.model_path.name} on "
                                                        f"{self.device}: {_first_line(exc)}") from exc
-        self._request = self._compiled.create_infer_request()
-        self.inputs = [_spec(p) for p in self._compiled.inputs]
-        self.outputs = [_spec(p) for p in self._compiled.outputs]
+
+    def _compile_cached(self, config: dict[str, str]) -> ov.CompiledModel | None:
+        """Compile through OpenVINO's model cache (``CACHE_DIR``); None when the cache cannot be used.
+
+        OpenVINO keys its blobs by the model's path and options, and neither notices new weights
+        under the same .xml nor checks a blob's content (a damaged blob can load and compute wrong
+        results). So each model gets its own folder, named by the sha256 of its .xml and .bin (and
+        the OpenVINO version, device, options, CPU), whose blobs are listed with their sha256 in
+        ``integrity.json``; a folder that does not match its list is deleted and built again. A new
+        folder is filled under a temporary name and renamed into place whole.
+        """
+        weights = self.model_path.with_suffix(".bin")
+        digests = [sha256_file(p) for p in (self.model_path, weights) if p.is_file()]
+        # OpenVINO names its blobs after the model's path: a copy elsewhere gets a folder of its own.
+        key = cache_key(self.model_path.resolve(), *digests, ov.get_version(), self.device, sorted(config.items()),
+                        host_cpu())
+        root = self.cache_dir / "openvino"
+        final = root / key
+        discarded = False
+        if final.is_dir():
+            if _intact(final):
+                try:
+                    compiled = core().compile_model(str(self.model_path), self.device,
+                                                    {**config, "CACHE_DIR": str(final)})
+                    hit = _loaded_from_cache(compiled)
+                except RuntimeError:  # the uncached compile says what is wrong with the model or device
+                    compiled, hit = None, False
+                if not hit:
+                    # OpenVINO compiled anew (adding a blob the list does not vouch for) or failed: the
+                    # folder is dropped and built again by the next open.
+                    shutil.rmtree(final, ignore_errors=True)
+                self.cache_state = "hit" if hit else "unavailable"
+                return compiled
+            shutil.rmtree(final, ignore_errors=True)  # damaged: never handed to OpenVINO
+            discarded = True
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=root))
+        except OSError:
+            self.cache_state = "unavailable"
+            return None
+        try:
+            compiled = core().compile_model(str(self.model_path), self.device, {**config, "CACHE_DIR": str(building)})
+        except RuntimeError:  # the uncached compile says what is wrong with the model or device
+            shutil.rmtree(building, ignore_errors=True)
+            self.cache_state = "unavailable"
+            return None
+        try:
+            blobs = sorted(p for p in building.iterdir() if p.is_file())
+            if not blobs:  # a device that cannot export compiled models: nothing to keep
+                raise OSError("OpenVINO wrote no blob")
+            listing = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in blobs}
+            (building / _INTEGRITY).write_text(json.dumps(listing, indent=1), encoding="utf-8")
+            os.rename(building, final)
+            self.cache_state = "rebuilt" if discarded else "stored"
+        except OSError:  # includes another process publishing the same folder first: its blobs serve as well
+            shutil.rmtree(building, ignore_errors=True)
+            self.cache_state = ("rebuilt" if discarded else "stored") if _intact(final) else "unavailable"
+        return compiled
 
     def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         # infer() already hands back copies of the outputs (share_outputs=False): no second copy.
