@@ -247,7 +247,7 @@ def bench(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | No
     return {"bundle": bundle_path, "edgesdk": __version__, "scenario": options.scenario,
             "options": asdict(options), "machine": _machine(),
             "method": {"input": "the bundle's golden input 0, preprocessed, batch 1",
-                       "warmup": f"at least {WARMUP_S:g} s and {WARMUP_QUERIES} queries, excluded",
+                       "warmup": f"at least {WARMUP_S:g} s and {WARMUP_QUERIES} queries",
                        "percentiles": "nearest rank", "process": "a fresh child process per backend",
                        "min_queries": {"p90": MIN_QUERIES_P90, "p99": MIN_QUERIES_P99}},
             "backends": rows, "failed": failed,

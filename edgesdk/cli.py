@@ -231,11 +231,31 @@ def bench(
         if not chosen:
             raise BackendUnavailable("no_candidate", f"no installed engine can run any artifact of {bundle}")
 
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        try:
+            from tqdm import tqdm  # a bar where tqdm is installed (the workstation); lines elsewhere
+
+            total = len(chosen) if chosen else 1
+            bar = tqdm(total=total, desc="bench", unit="backend", file=sys.stderr, leave=False)
+        except ImportError:
+            pass
+
     def say(text: str) -> None:
-        if not quiet:
+        if quiet:
+            return
+        if bar is None:
             print(text, file=sys.stderr, flush=True)
+        elif text.startswith("[") and "/" in text:  # "[i/n] backend": i - 1 backends are done
+            bar.n = int(text[1:text.index("/")]) - 1
+            bar.set_postfix_str(text.split("] ", 1)[-1][:60])
+        else:
+            bar.write(text)
 
     report = run_bench(bundle, chosen, options, progress=say)
+    if bar is not None:
+        bar.n = bar.total
+        bar.close()
     if plot_path is not None:
         say(f"latency CDF written to {plot(report, plot_path)}")
     for row in report["backends"]:
