@@ -135,7 +135,8 @@ class HybridModel:
     :func:`edgesdk.load` when the mode is not ``device-only``. ``device`` is the on-device
     :class:`~edgesdk.Model`, or None when it could not load (``device_error`` says why)."""
 
-    def __init__(self, bundle: Any, device: Any, device_error: Exception | None, options: HybridOptions, cloud: Any):
+    def __init__(self, bundle: Any, device: Any, device_error: Exception | None, options: HybridOptions, cloud: Any,
+                 owns_cloud: bool = False):
         from .bundle_io import BundleIO
 
         self.bundle = bundle
@@ -144,6 +145,7 @@ class HybridModel:
         self.mode = options.mode
         self.policy = options.policy.resolved(bundle.manifest)
         self.cloud = cloud
+        self._owns_cloud = owns_cloud  # made here from a URL: closed with the model
         self._io = device.io if device is not None else BundleIO(bundle)
         self._names = [t["name"] for t in bundle.manifest["inputs"]]
         self._ranges = (bundle.manifest.get("calibration") or {}).get("input_ranges")
@@ -266,8 +268,6 @@ class HybridModel:
             self.device.close()
         if self._owns_cloud:
             self.cloud.close()
-
-    _owns_cloud = False
 
     def __enter__(self) -> "HybridModel":
         return self

@@ -126,9 +126,7 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
             device = _load(path, opts, memory.rss_mb)
         except (BackendUnavailable, BudgetExceeded) as exc:  # the cloud serves what the device cannot
             error = exc
-    model = HybridModel(bundle, device, error, hyb, cloud)
-    model._owns_cloud = owns
-    return model
+    return HybridModel(bundle, device, error, hyb, cloud, owns_cloud=owns)
 
 
 def _options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> RuntimeOptions:
