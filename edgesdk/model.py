@@ -114,18 +114,20 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 
 
 def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
-    from .cloud.client import CloudClient
+    from .cloud.client import CloudClient, check_url
 
     hyb = opts.hybrid
-    bundle = Bundle.open(path)
     owns = isinstance(hyb.cloud, str)
-    cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
+    if owns:
+        check_url(hyb.cloud)  # a bad URL is refused before the (slow) device load
     device, error = None, None
     if hyb.mode != "cloud-only":
         try:
             device = _load(path, opts, memory.rss_mb)
         except (BackendUnavailable, BudgetExceeded) as exc:  # the cloud serves what the device cannot
             error = exc
+    bundle = device.bundle if device is not None else Bundle.open(path)  # opened (and verified) once
+    cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
     return HybridModel(bundle, device, error, hyb, cloud, owns_cloud=owns)
 
 

@@ -241,7 +241,7 @@ class CloudClient:
                  binary: bool | None = None, transport: Transport | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None):
-        self.url = _check_url(url, allow_insecure_http)
+        self.url = check_url(url, allow_insecure_http)
         if not isinstance(model, str) or not model or "/" in model:
             raise InputError(f"cloud model name must be a non-empty string without '/', got {model!r}")
         for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s)):
@@ -514,7 +514,8 @@ class CloudClient:
         return exc
 
 
-def _check_url(url: str, allow_insecure_http: bool) -> str:
+def check_url(url: str, allow_insecure_http: bool = False) -> str:
+    """The endpoint URL, normalized; :class:`InputError` for a URL this client refuses (see the module docstring)."""
     if not isinstance(url, str):
         raise InputError(f"cloud url must be a string, got {type(url).__name__}")
     parts = urlsplit(url.strip())
@@ -622,4 +623,4 @@ def _retry_after(resp: Response) -> float | None:
         return None  # an HTTP date: ignored, the backoff applies
 
 
-__all__ = ["CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport", "DATATYPES"]
+__all__ = ["check_url", "CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport", "DATATYPES"]
