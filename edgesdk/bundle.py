@@ -239,3 +239,26 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     path = root / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path
+
+
+def publish_dir(work: Path, out: Path) -> None:
+    """Move a finished directory ``work`` (made with mkdtemp beside ``out``) into place as ``out``: an empty ``out``
+    (maybe the current folder) is filled, not replaced; an old ``out`` is removed only once the new one is there.
+    Files get the usual permissions (mkdtemp made the folder 0700; docker COPY keeps modes)."""
+    import os
+    import shutil
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [work, *work.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+    if out.is_dir() and not any(out.iterdir()):
+        for child in work.iterdir():
+            child.rename(out / child.name)
+        work.rmdir()
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    work.rename(out)
+    shutil.rmtree(old, ignore_errors=True)

@@ -184,3 +184,19 @@ def ov_default_precision() -> str:
     import openvino as ov
 
     return ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+
+
+class FakeClock:
+    """Seconds that move only when a test (or the code's injected sleep) moves them; ``sleeps`` records each
+    sleep asked for."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds

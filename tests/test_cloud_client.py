@@ -16,19 +16,10 @@ import pytest
 
 from edgesdk.cloud.client import CircuitBreaker, CloudClient, Response, RetryBudget, _decode, _encode
 from edgesdk.errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
+from support import FakeClock
 
 
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += seconds
+Clock = FakeClock
 
 
 def ok_body(rid: str | None = None) -> bytes:

@@ -18,24 +18,10 @@ from edgesdk.profiles import load_profile
 from edgesdk.simulated_device import SimulatedThermalDevice
 from edgesdk.thermal import (LEVELS, LinuxThermalZones, PushedThermalState, RaspberryPiThrottled, ThermalActions,
                              ThermalGovernor, ThermalReading)
+from support import FakeClock
 
 FIXED = ThermalActions(warm={"threads": "half", "min_interval_ms": 20},
                        hot={"threads": 1, "min_interval_ms": 100, "prefer": "lower_power"})
-
-
-class FakeClock:
-    """Seconds that move only when a test (or the governor's sleep) moves them."""
-
-    def __init__(self, t: float = 0.0):
-        self.t = t
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += seconds
 
 
 def zone(root: Path, n: int, kind: str, temp: int | str | None) -> Path:

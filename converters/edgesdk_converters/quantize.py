@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import importlib.metadata as md
 import platform
 import shutil
@@ -16,7 +15,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import edgesdk
-from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle, file_entry, write_manifest
+from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle, file_entry, publish_dir, write_manifest
 from edgesdk.engines import ENGINE_NAMES, engine_version
 from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
 from edgesdk.preprocess import Preprocess
@@ -138,7 +137,7 @@ def quantize(
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, name or _default_name(src), version)
         write_manifest(work, manifest)
-        _publish(work, out)
+        publish_dir(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -224,24 +223,6 @@ def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:
         if not (out / MANIFEST).is_file():
             raise ConversionError(f"output {out} is not a bundle (no {MANIFEST}); refusing to replace it")
     return out
-
-
-def _publish(work: Path, out: Path) -> None:
-    """Move the finished bundle into place; an old bundle is removed only once the new one is there."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in [work, *work.rglob("*")]:  # mkdtemp made the folder 0700: give it the usual permissions
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-    if out.is_dir() and not any(out.iterdir()):
-        for child in work.iterdir():  # an empty folder (maybe the current one) is filled, not replaced
-            child.rename(out / child.name)
-        work.rmdir()
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    work.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _postprocess(outputs: list[dict], probabilities: bool) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..bundle import MANIFEST, Artifact, Bundle, safe_member
+from ..bundle import MANIFEST, Artifact, Bundle, publish_dir, safe_member
 from ..errors import BundleError, ConversionError
 from .server import BundleSignature
 
@@ -158,29 +157,11 @@ def _export(kind: str, bundle: Bundle, chosen: Artifact, out: Path, write) -> Ex
         marker = {"export": kind, "bundle": bundle.name, "version": bundle.manifest["version"],
                   "artifact": chosen.id, "edgesdk": __version__}
         (work / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        _publish(work, out)
+        publish_dir(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return Export(out, chosen.id, tuple(sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())))
-
-
-def _publish(work: Path, out: Path) -> None:
-    """Move the finished export into place; an old export is removed only once the new one is there."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in [work, *work.rglob("*")]:  # mkdtemp made the folder 0700; docker COPY keeps modes
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-    if out.is_dir() and not any(out.iterdir()):
-        for child in work.iterdir():  # an empty folder (maybe the current one) is filled, not replaced
-            child.rename(out / child.name)
-        work.rmdir()
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    work.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _copy_bundle(bundle: Bundle, dest: Path) -> None:
