@@ -47,7 +47,7 @@ try:
     t2 = time.perf_counter()
     golden = bundle.golden()
     feeds = [golden[f"input_{i}"][:1] for i in range(len(bundle.manifest["inputs"]))]
-    options = {**art.runtime, "device": args["device"], "cache_dir": args["cache_dir"]}
+    options = art.engine_options(device=args["device"], cache_dir=args["cache_dir"])
     if args["threads"] is not None:
         options["num_threads"] = args["threads"]
     t3 = time.perf_counter()

@@ -62,6 +62,7 @@ class Artifact:
     precision: str
     files: tuple[Path, ...]
     entry: dict[str, Any]
+    verified: bool = False  # the bundle checked every file against the manifest's sha256 when opened
 
     @property
     def model_path(self) -> Path:
@@ -73,11 +74,19 @@ class Artifact:
         """Engine options recorded at quantize time (e.g. OpenVINO ``precision_hint: f32`` for fp32)."""
         return dict(self.entry.get("runtime") or {})
 
+    def engine_options(self, **options) -> dict[str, Any]:
+        """The recorded runtime options overridden by ``options``, plus the files' sha256 from the manifest
+        where the bundle verified them (an engine's compile cache then does not hash the model again)."""
+        merged = {**self.runtime, **options}
+        if self.verified:
+            merged.setdefault("digests", tuple(f["sha256"] for f in self.entry["files"]))
+        return merged
+
     def open(self, **options):
         """Load this artifact on its engine with the recorded runtime options (``options`` override them)."""
         from .engines import open_engine
 
-        return open_engine(self.engine, self.model_path, **{**self.runtime, **options})
+        return open_engine(self.engine, self.model_path, **self.engine_options(**options))
 
 
 class Bundle:
@@ -86,6 +95,7 @@ class Bundle:
     def __init__(self, root: Path, manifest: dict[str, Any]):
         self.root = root
         self.manifest = manifest
+        self.verified = False
 
     @classmethod
     def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
@@ -126,6 +136,7 @@ class Bundle:
                 )
             if sha256_file(full) != entry.get("sha256"):
                 raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
+        self.verified = True
 
     # -- access -------------------------------------------------------------
     @property
@@ -145,7 +156,7 @@ class Bundle:
 
     def _artifact(self, entry: dict[str, Any]) -> Artifact:
         files = tuple(safe_member(self.root, f["path"]) for f in entry["files"])
-        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry)
+        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry, self.verified)
 
     @property
     def preprocess(self):

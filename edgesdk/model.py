@@ -13,6 +13,7 @@ import numpy as np
 from . import autotune, memory, numerics, selection
 from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
+from .engines.base import PERFORMANCE
 from .errors import BackendUnavailable, BudgetExceeded, InputError
 from .bundle_io import BundleIO, Top
 from .hybrid import HybridModel, HybridOptions
@@ -46,6 +47,12 @@ class RuntimeOptions:
     skipped for a cheaper one, and when none fits load raises :class:`BudgetExceeded`; a thermal
     governor paces, cuts threads, switches to INT8 or refuses. ``load(..., memory_mb=..., thermal=...)``
     are shortcuts for the two budget fields.
+
+    ``performance`` is ``"latency"`` (one inference at a time, as fast as it goes) or ``"throughput"``
+    (OpenVINO splits the device into parallel streams and :meth:`Model.predict_batch` keeps them busy; other
+    engines run as with ``"latency"``). ``cache_dir`` lets the engine keep its compiled model there for
+    later loads (OpenVINO ``CACHE_DIR``, ONNX Runtime's optimized graph; LiteRT has none): a later load
+    in a new process is faster, and a stale or damaged entry is rebuilt, never served.
     """
 
     policy: str = "auto"
@@ -56,6 +63,8 @@ class RuntimeOptions:
     check_numerics: bool = True
     profile: str | Path | None = None
     threads: int | None = None
+    performance: str = "latency"
+    cache_dir: str | Path | None = None
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
 
@@ -153,6 +162,9 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     if opts.threads is not None and (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
                                      or not 1 <= opts.threads <= 256):
         raise InputError(f"threads must be an integer from 1 to 256, got {opts.threads!r}")
+    if opts.performance not in PERFORMANCE:
+        raise InputError(f"performance must be one of {', '.join(PERFORMANCE)}, got {opts.performance!r}")
+    engine_options = {"performance": opts.performance, "cache_dir": opts.cache_dir}
     if opts.engine is not None and opts.engine not in backend_names():
         raise InputError(f"unknown engine {opts.engine!r} (engines: {', '.join(backend_names())})")
     bundle = Bundle.open(path)
@@ -186,13 +198,13 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     if opts.policy == "autotune":
         # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
         key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items()
-                                           if k not in ("budgets", "hybrid")})
+                                           if k not in ("budgets", "hybrid", "cache_dir")})
         decision = autotune.lookup(key)
         if decision:  # try the cached winner first; it is still checked
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
             decision = {**decision, "cached": True}
         else:
-            decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics)
+            decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics, engine_options)
             if decision["candidate"] is not None:  # a failure is not remembered: the next load measures again
                 autotune.store(key, decision)
             failed = {s.candidate for s in skipped}
@@ -224,7 +236,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             continue
         before = memory.rss_mb()
         try:
-            engine, check = _open(bundle, cand, threads, opts.check_numerics)
+            engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options)
         except BackendUnavailable as exc:
             skip = Skip(cand, exc.reason, exc.detail)
             skipped.append(skip)
@@ -256,7 +268,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
                 alternatives = _fitting([c for c in eligible if c not in failed], bundle, costs, limit,
                                         in_use_mb(), cand)
             return Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal, cost_mb=cost,
-                         threads=threads, alternatives=alternatives, check_numerics=opts.check_numerics)
+                         threads=threads, alternatives=alternatives, check_numerics=opts.check_numerics,
+                         engine_options=engine_options)
         except BaseException:
             engine.close()
             raise
@@ -295,9 +308,10 @@ def _fitting(cands: list[Candidate], bundle: Bundle, costs: memory.CostBook, lim
     return fitting
 
 
-def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool) -> tuple[Engine, dict]:
+def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool,
+          engine_options: dict[str, Any]) -> tuple[Engine, dict]:
     art = bundle.artifact(cand.artifact)
-    options = {**art.runtime, "device": cand.device}
+    options = art.engine_options(device=cand.device, **engine_options)
     if threads:
         options["num_threads"] = threads  # the app's (or profile's) choice wins over the artifact's
     engine = open_engine(cand.engine, art.model_path, **options)
@@ -310,13 +324,14 @@ def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: 
         raise
 
 
-def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], threads, check_numerics) -> dict:
+def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], threads, check_numerics,
+              engine_options: dict[str, Any]) -> dict:
     """Open every viable candidate, time it on the first golden input, keep the decision."""
     feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
     timings: dict[str, float] = {}
     for cand in eligible:
         try:
-            engine, _ = _open(bundle, cand, threads, check_numerics)
+            engine, _ = _open(bundle, cand, threads, check_numerics, engine_options)
         except BackendUnavailable as exc:
             skipped.append(Skip(cand, exc.reason, exc.detail))
             continue
@@ -365,13 +380,15 @@ class Model:
 
     def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
                  thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None,
-                 alternatives: Sequence[Candidate] = (), check_numerics: bool = True):
+                 alternatives: Sequence[Candidate] = (), check_numerics: bool = True,
+                 engine_options: dict[str, Any] | None = None):
         self.bundle = bundle
         self.placement = placement  # where load put it; a result's placement is where it really ran
         self.budget = budget or {}
         self.cost_mb = cost_mb
         self._thermal = None if thermal is None else \
-            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives, check_numerics)
+            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives, check_numerics,
+                           engine_options)
         self._engine = engine
         self._lock = threading.Lock()
         self.io = BundleIO(bundle)
@@ -380,6 +397,13 @@ class Model:
     @property
     def labels(self) -> list[str] | None:
         return self.io.labels
+
+    @property
+    def parallel_requests(self) -> int:
+        """How many inferences :meth:`predict_batch` keeps in flight (more than 1 only with
+        ``performance="throughput"`` on an engine that overlaps them)."""
+        engine = self._engine
+        return engine.parallel_requests if engine is not None else 1
 
     # -- inference ------------------------------------------------------------
     def predict(self, x: Any) -> Result:
@@ -410,8 +434,31 @@ class Model:
         return Result(outputs, placement, timings, budget=budget, _topk=self._top)
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
-        """Predict each input in turn (artifacts are compiled for batch 1)."""
-        return [self.predict(x) for x in xs]
+        """Predict several inputs (each as :meth:`predict` takes it); results in the same order.
+
+        Artifacts are compiled for batch 1, so each input is its own inference. Loaded with
+        ``performance="throughput"``, OpenVINO overlaps them on parallel streams; otherwise (and under a
+        thermal budget, which decides before each inference) they run one after the other. Every input is
+        checked before any runs. A result's ``timings_ms["inference"]`` is the batch's inference time
+        divided by its size.
+        """
+        if self._thermal is not None or len(xs) < 2:
+            return [self.predict(x) for x in xs]
+        t0 = time.perf_counter()
+        batch = [self._feeds(x) for x in xs]
+        with self._lock:
+            if self._engine is None:
+                raise InputError(f"model {self.bundle.name!r} was closed")
+            placement = self.placement
+            t1 = time.perf_counter()
+            try:
+                outputs = self._engine.run_many(batch)
+            except Exception as exc:  # engine errors enter the edgesdk tree here, chained
+                raise BackendUnavailable("run_failed", f"{placement.engine}:{placement.device} failed "
+                                                       f"on {placement.artifact}: {exc}") from exc
+        t2 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
+        return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]
 
     # -- lifetime -------------------------------------------------------------
     def close(self) -> None:

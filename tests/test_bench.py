@@ -124,3 +124,23 @@ def test_an_unknown_backend_is_reported_not_crashed(digits_bundle):
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     out = json.loads(proc.stdout)
     assert out["backends"] == [] and "no-such-artifact" in out["failed"][0]["detail"]
+
+
+def test_offline_tries_openvinos_throughput_mode_and_reports_the_setting(digits_bundle):
+    """In-process (the child's side): every setting tried is listed, the reported one is the best of them."""
+    import os
+
+    from edgesdk.bench import measure_backend
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("OpenVINO makes a single stream on one CPU: there is no throughput mode to try")
+    row = measure_backend(str(digits_bundle.bundle), "openvino", "CPU", "openvino-int8",
+                          BenchOptions(scenario="offline", duration_s=0.4, cold_start=False))
+    tried = row["offline_tried"]
+    assert {"1", "throughput"} <= set(tried), tried
+    assert tried["throughput"]["performance"] == "throughput" and tried["throughput"]["parallel_requests"] >= 2
+    assert all(t["inferences"] > 0 for t in tried.values())
+    best = max(tried.values(), key=lambda t: t["throughput"])
+    assert row["throughput"] == best["throughput"]
+    assert row["offline_setting"]["performance"] == best["performance"]
+    assert "p50_ms" not in row  # offline only

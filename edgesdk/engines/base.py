@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, InputError
 
+PERFORMANCE = ("latency", "throughput")
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -86,6 +87,8 @@ class Engine(ABC):
     suffixes: tuple[str, ...] = ()
     # Artifact engines (manifest "engine" values) this backend can run; by default its own name.
     formats: tuple[str, ...] = ()
+    # How many inferences run_many keeps in flight at once (OpenVINO's optimal number of requests).
+    parallel_requests: int = 1
 
     @classmethod
     def accepts(cls, artifact_engine: str) -> bool:
@@ -102,14 +105,22 @@ class Engine(ABC):
         return None
 
     def __init__(self, model_path: str | Path, *, device: str = "CPU", precision_hint: str | None = None,
-                 num_threads: int | None = None, cache_dir: str | Path | None = None):
+                 num_threads: int | None = None, cache_dir: str | Path | None = None,
+                 performance: str = "latency", digests: Sequence[str] = ()):
         self.model_path = Path(model_path)
         if self.suffixes and self.model_path.suffix.lower() not in self.suffixes:
             raise BackendUnavailable("unsupported_artifact", f"{self.name} runs {', '.join(self.suffixes)} files, "
                                                              f"not {self.model_path.name}")
+        if performance not in PERFORMANCE:
+            raise InputError(f"performance must be one of {', '.join(PERFORMANCE)}, got {performance!r}")
         self.device = device
         self.precision_hint = precision_hint
         self.num_threads = num_threads
+        # "latency": one inference at a time as fast as it goes; "throughput": the engine may split the
+        # device into parallel streams (OpenVINO's PERFORMANCE_HINT) that run_many keeps busy.
+        self.performance = performance
+        # The sha256 of the artifact's files, in order, already verified against the bundle's manifest.
+        self.digests = tuple(digests)
         # Where the engine may keep compiled or optimized models between processes (None: no cache).
         # A cache only saves load time: a missing, stale or damaged entry is rebuilt, never served.
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -129,6 +140,14 @@ class Engine(ABC):
 
         The hot path for callers that validated the input themselves (``Model.predict``).
         """
+
+    def run_many(self, batch: Sequence[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run several inferences on feeds already checked (as for :meth:`run_prepared`), results in order.
+
+        One after the other here; an engine that can overlap them (OpenVINO with ``performance="throughput"``)
+        overrides this.
+        """
+        return [self.run_prepared(feeds) for feeds in batch]
 
     def close(self) -> None:
         """Release engine resources. Safe to call twice."""

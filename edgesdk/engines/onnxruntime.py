@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 import glob
-import hashlib
+import mmap
 import os
 import uuid
 from pathlib import Path
@@ -54,13 +54,21 @@ def _ep_kinds() -> dict[str, str]:
     return kinds
 
 
-def _read_verified(path: Path, digest: str) -> bytes | None:
-    """The file's bytes if their sha256 starts with ``digest`` (written into its name when it was saved)."""
+def _intact(path: Path, digest: str) -> bool:
+    """Whether the file's sha256 starts with ``digest`` (written into its name when it was saved)."""
     try:
-        data = path.read_bytes()
+        return len(digest) == 32 and sha256_file(path)[:32] == digest
     except OSError:
+        return False
+
+
+def _external_data(path: Path) -> bool | None:
+    """Whether the ONNX file points at external data files (None: unreadable). Searched in a memory map: no copy."""
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return view.find(_EXTERNAL_DATA) >= 0
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return None
-    return data if len(digest) == 32 and hashlib.sha256(data).hexdigest()[:32] == digest else None
 
 
 class OnnxRuntimeEngine(Engine):
@@ -134,28 +142,25 @@ class OnnxRuntimeEngine(Engine):
         never loaded; a new file is written under a temporary name and renamed into place.
         """
         so = self._session_options(provider)
-        try:
-            source = self.model_path.read_bytes()
-        except OSError:
-            source = None
-        if source is None or _EXTERNAL_DATA in source:
+        if _external_data(self.model_path) is not False:
             # Unreadable (ORT's own load says why), or weights kept in other files (ONNX external data),
             # which are not in the key: not cached.
             self.cache_state = "unavailable"
             return self._open(str(self.model_path), so, provider)
         folder = self.cache_dir / "onnxruntime"
-        key = cache_key(hashlib.sha256(source).hexdigest(), len(source), ort.__version__, so.graph_optimization_level,
+        # The bundle's verified sha256 of the model when it gave one, else hashed here.
+        digest = self.digests[0] if self.digests else sha256_file(self.model_path)
+        key = cache_key(digest, self.model_path.stat().st_size, ort.__version__, so.graph_optimization_level,
                         provider, host_cpu())
-        del source
         stem = f"{self.model_path.stem}-{key}"
         discarded = False
         for entry in sorted(folder.glob(f"{glob.escape(stem)}.*.onnx")):
-            data = _read_verified(entry, entry.name[len(stem) + 1 : -len(".onnx")])
-            if data is not None:
+            if _intact(entry, entry.name[len(stem) + 1 : -len(".onnx")]):
                 fast = self._session_options(provider)
                 fast.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
                 try:
-                    session = ort.InferenceSession(data, fast, providers=[provider])
+                    # By path: ORT maps the file, faster than parsing a copy (the folder is the cache's own).
+                    session = ort.InferenceSession(str(entry), fast, providers=[provider])
                     self.cache_state = "hit"
                     return session
                 except Exception:  # intact but unloadable here (a file from another build): replace it

@@ -53,7 +53,8 @@ class ThermalServing:
     inference; it returns the engine to run on, the placement to report and the result's budget entry."""
 
     def __init__(self, governor: Any, bundle: Any, engine: Engine, placement: Placement, budget: dict,
-                 threads: int | None, alternatives: Sequence[Candidate] = (), check_numerics: bool = True):
+                 threads: int | None, alternatives: Sequence[Candidate] = (), check_numerics: bool = True,
+                 engine_options: dict[str, Any] | None = None):
         self.governor = governor
         self._bundle = bundle
         self._budget = budget
@@ -64,6 +65,7 @@ class ThermalServing:
         self.engine, self.placement = engine, placement
         self._now, self._threads_now = self._home, threads
         self._check_numerics = check_numerics
+        self._engine_options = dict(engine_options or {})  # performance, cache_dir: as the model was loaded
         self._failed: dict[tuple[Candidate, int | None], float] = {}  # -> when it failed (time.monotonic)
         self._plan: Plan | None = None
         self._entries: tuple[dict, dict] = ({}, {})  # unpaced, paced
@@ -117,7 +119,7 @@ class ThermalServing:
         """Swap the engine for ``target`` with ``threads``; keep the old one when the new one fails to load or
         its numerics check (the budget then simply does not claim the change). True when swapped."""
         art = self._bundle.artifact(target.artifact)
-        options = {**art.runtime, "device": target.device}
+        options = art.engine_options(device=target.device, **self._engine_options)
         if threads:
             options["num_threads"] = threads
         try:
