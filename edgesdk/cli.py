@@ -29,6 +29,23 @@ def _targets(value: Optional[str]) -> Optional[List[str]]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
+def _input_shapes(values: Optional[List[str]]) -> dict[str, tuple[int, ...]]:
+    """``name:1x3x48x192`` (repeatable) -> {name: (1, 3, 48, 192)}."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in values or []:
+        name, sep, dims = value.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape:
+            raise typer.BadParameter(f"{value!r}: write NAME:DIMS, e.g. input:1x3x224x224", param_hint="--input-shape")
+        if name in shapes:
+            raise typer.BadParameter(f"input {name!r} is given twice", param_hint="--input-shape")
+        shapes[name] = shape
+    return shapes
+
+
 @app.command()
 def quantize(
     source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
@@ -51,6 +68,9 @@ def quantize(
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     tflite_io: str = typer.Option("float", "--tflite-io", help="Input/output tensors of the INT8 tflite: 'float' "
                                   "(int8 inside, fastest on CPU/GPU/most NPUs) or 'int8' (integer-only: Coral, MCUs)."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix an ONNX input's dynamic "
+                                                    "dimensions, NAME:DIMS (e.g. images:1x3x640x640); repeatable. "
+                                                    "Default: the first calibration sample's shape."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
@@ -61,7 +81,7 @@ def quantize(
     result = run_quantize(
         source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
         samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, name=name, overwrite=force,
-        tflite_io=tflite_io, progress=not quiet,
+        tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
     )
     if as_json:
         print(json.dumps(result.manifest, indent=2))

@@ -83,12 +83,12 @@ def test_quantize_writes_a_bundle(cli_bundle):
     proc, out = cli_bundle
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    for aid in ("openvino-fp32", "openvino-int8", "onnxruntime-fp32", "onnxruntime-int8"):
+    ids = {"litert-fp32", "litert-int8", "openvino-fp32", "openvino-int8", "onnxruntime-fp32", "onnxruntime-int8"}
+    for aid in ids:
         assert aid in proc.stdout
     assert f"bundle written to {out}" in proc.stdout
     m = Bundle.open(out).manifest
-    assert {a["id"] for a in m["artifacts"]} == {"openvino-fp32", "openvino-int8", "onnxruntime-fp32",
-                                                  "onnxruntime-int8"}
+    assert {a["id"] for a in m["artifacts"]} == ids  # an .onnx reaches all three engines
     assert m["calibration"]["samples"] == 50
     assert all(v["passed"] for v in m["validation"].values())
 
@@ -143,10 +143,24 @@ def test_misuse_unknown_extension(tmp_path, digits_npz):
     _assert_one_line_error(proc, 2, r"error: ConversionError: unknown model type '.h5'")
 
 
-def test_misuse_unsupported_route(tmp_path, digits_npz):
-    proc = edgesdk("quantize", DIGITS_ONNX, "--calib", digits_npz, "--targets", "tflite", "-o", tmp_path / "b", "-q")
-    _assert_one_line_error(proc, 2, r"error: ConversionError: cannot build target 'tflite' from a onnx source .*"
-                                    r"supported routes")
+def test_misuse_onnx_with_ops_the_importer_lacks_to_tflite(tmp_path, digits_npz):
+    from onnx import TensorProto, helper, save
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("LpNormalization", ["a"], ["y"], name="lp")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "lp.onnx"))
+    proc = edgesdk("quantize", tmp_path / "lp.onnx", "--calib", digits_npz, "--targets", "tflite", "-o",
+                   tmp_path / "b", "-q")
+    _assert_one_line_error(proc, 2, r"error: ConversionError: lp.onnx cannot go to tflite: 1 op type\(s\) are not "
+                                    r"supported by the ONNX importer: LpNormalization \(1 node, first 'lp'\)")
+
+
+@pytest.mark.parametrize("value,message", [("1x3x8x8", "write NAME:DIMS"), ("image:1xAx8", "write NAME:DIMS"),
+                                           ("image:", "write NAME:DIMS")])
+def test_misuse_input_shape(tmp_path, digits_npz, value, message):
+    proc = edgesdk("quantize", DIGITS_ONNX, "--calib", digits_npz, "--input-shape", value, "-o", tmp_path / "b", "-q")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-1500:]
 
 
 def test_misuse_image_folder_without_preprocess(tmp_path, small_digits):

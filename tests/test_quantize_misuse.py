@@ -68,10 +68,10 @@ def test_object_that_is_no_model(tmp_path, digits_npz):
 
 # -- targets -----------------------------------------------------------------------------------------------
 
-def test_unsupported_route(tmp_path, digits_npz):
-    with pytest.raises(ConversionError, match=r"cannot build target 'tflite' from a onnx source \(digits.onnx\); "
+def test_unsupported_route(tmp_path, digits_npz, float_tflite):
+    with pytest.raises(ConversionError, match=r"cannot build target 'onnx' from a tflite source \(digits_fp32.tflite\); "
                                               r"supported routes: .pt2/nn.Module -> tflite, openvino, onnx"):
-        quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", targets=["onnx", "tflite"])
+        quantize(float_tflite, digits_npz, tmp_path / "b", targets=["tflite", "onnx"])
 
 
 def test_unknown_target_name(tmp_path, digits_npz):

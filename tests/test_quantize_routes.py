@@ -14,7 +14,7 @@ from support import ARTIFACT_IDS, DIGITS_ONNX, INT8_CHECKS, quantize
 ROUTES = {
     "digits_bundle": ("pytorch", ("tflite", "openvino", "onnx")),
     "module_bundle": ("pytorch", ("tflite", "openvino", "onnx")),
-    "onnx_bundle": ("onnx", ("openvino", "onnx")),
+    "onnx_bundle": ("onnx", ("tflite", "openvino", "onnx")),
     "tflite_bundle": ("tflite", ("tflite", "openvino")),
 }
 ROUTE_ARTIFACTS = [(fixture, aid) for fixture, (_, targets) in ROUTES.items()
@@ -104,14 +104,6 @@ def test_module_source_needs_example_input():
 
     with pytest.raises(ConversionError, match="needs example_input"):
         quantize(tiny_cnn(), [np.zeros((1, 3, 16, 16), np.float32)], "unused", samples=1)
-
-
-def test_onnx_to_tflite_is_refused_naming_the_routes(digits_npz, tmp_path):
-    with pytest.raises(ConversionError, match=r"cannot build target 'tflite' from a onnx source") as info:
-        quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", targets=["tflite"], samples=20)
-    assert "supported routes" in str(info.value)
-    assert ".onnx -> openvino, onnx" in str(info.value)
-    assert not (tmp_path / "b").exists()
 
 
 def test_tflite_to_onnx_is_refused_naming_the_routes(float_tflite, digits_npz, tmp_path):

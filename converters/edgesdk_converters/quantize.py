@@ -59,6 +59,7 @@ def quantize(
     example_input: Any = None,
     overwrite: bool = False,
     tflite_io: str = "float",
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
     progress: bool = True,
     quiet_toolchains: bool = True,
     log: Callable[[str], None] | None = None,
@@ -66,7 +67,9 @@ def quantize(
     """Quantize ``source`` for every target, validate, and write the bundle at ``out``.
 
     ``tflite_io`` is ``"float"`` (float I/O tensors around an int8 graph) or ``"int8"``
-    (integer-only, for Coral / microcontrollers). ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
+    (integer-only, for Coral / microcontrollers). ``input_shapes`` ({input name: shape}) fixes an ONNX model's
+    dynamic input dimensions; without it they are fixed from the first calibration sample, and the bundle
+    records the fixed shapes (``source.input_shapes_from`` says which). ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
     Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
     recorded) when an INT8 artifact loses more than ``max_drop`` points against its float
     reference, or a float artifact's top-1 disagrees with the golden float reference (another
@@ -81,7 +84,7 @@ def quantize(
         raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {val_samples}")
 
     src = open_source(source, example_input)
-    wanted = list(targets) if targets is not None else list(src.targets)
+    wanted = list(targets) if targets is not None else src.default_targets(say)
     if not wanted:
         raise ConversionError("no targets asked for")
     twice = sorted({t for t in wanted if wanted.count(t) > 1})
@@ -94,6 +97,8 @@ def quantize(
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
 
+    if input_shapes:
+        src.set_input_shapes(dict(input_shapes))
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
     src.fix_shapes(calib_ds.load(0))
     calib_ds.inputs = src.inputs  # later samples are checked against the fixed shapes
@@ -176,7 +181,8 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
         "version": version,
         "created_with": _versions(),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"name": src.name, "kind": src.kind},
+        "source": {"name": src.name, "kind": src.kind, **({"input_shapes_from": src.shapes_from}
+                                                          if src.shapes_from else {})},
         "inputs": [s.to_dict() for s in src.inputs],
         "outputs": out_spec,
         "preprocess": pre.to_dict() if pre else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -22,11 +22,11 @@ SUFFIXES = {".pt2": "pytorch", ".onnx": "onnx", ".tflite": "tflite"}
 # Which targets each source kind can reach, and why not the others.
 ROUTES = {
     "pytorch": ("tflite", "openvino", "onnx"),
-    "onnx": ("openvino", "onnx"),
+    "onnx": ("tflite", "openvino", "onnx"),
     "tflite": ("tflite", "openvino"),
 }
 ROUTES_TEXT = (
-    "supported routes: .pt2/nn.Module -> tflite, openvino, onnx; .onnx -> openvino, onnx; "
+    "supported routes: .pt2/nn.Module -> tflite, openvino, onnx; .onnx -> tflite, openvino, onnx; "
     ".tflite -> tflite, openvino"
 )
 
@@ -41,10 +41,15 @@ class Source:
         self.path = path
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
+        self.shapes_from: str | None = None  # where dynamic input dimensions were fixed from, if there were any
 
     @property
     def targets(self) -> tuple[str, ...]:
         return ROUTES[self.kind]
+
+    def default_targets(self, say: Callable[[str], None]) -> list[str]:
+        """The targets built when none are named: every one this source can reach."""
+        return list(self.targets)
 
     def check_targets(self, targets: list[str]) -> None:
         for t in targets:
@@ -55,7 +60,29 @@ class Source:
 
     def fix_shapes(self, sample: list[np.ndarray]) -> None:
         """Replace dynamic input dimensions with those of a real sample."""
+        if self.shapes_from is None and any(d == -1 for s in self.inputs for d in s.shape):
+            self.shapes_from = "calibration data"
         self.inputs = [TensorSpec(s.name, tuple(a.shape), s.dtype) for s, a in zip(self.inputs, sample)]
+
+    def set_input_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Fix the inputs' dynamic dimensions from ``--input-shape name:1x3x48x192`` before any data is read."""
+        names = [s.name for s in self.inputs]
+        unknown = sorted(set(shapes) - set(names))
+        if unknown:
+            raise ConversionError(f"--input-shape names {', '.join(map(repr, unknown))}, which {self.name} does not "
+                                  f"have (inputs: {', '.join(names)})")
+        fixed = []
+        for spec in self.inputs:
+            shape = tuple(shapes.get(spec.name, spec.shape))
+            if len(shape) != len(spec.shape) or any(d != -1 and d != g for d, g in zip(spec.shape, shape)):
+                raise ConversionError(f"--input-shape {spec.name}:{'x'.join(map(str, shape))} does not fit "
+                                      f"{self.name}'s input {spec.name!r} of shape {_shape_text(spec.shape)}")
+            if any(d < 1 for d in shape):
+                raise ConversionError(f"--input-shape {spec.name}: every dimension must be at least 1, got "
+                                      f"{'x'.join(map(str, shape))}")
+            fixed.append(TensorSpec(spec.name, shape, spec.dtype))
+        self.inputs = fixed
+        self.shapes_from = "--input-shape"
 
     # Each subclass implements the hand-offs its routes need.
     def float_tflite(self, path: Path) -> Path:
@@ -154,6 +181,49 @@ class OnnxSource(Source):
         shutil.copyfile(self.path, path)
         return path
 
+    def unsupported_for_tflite(self) -> str | None:
+        """Why the ONNX importer cannot take this model (every op type it lacks, at once), or None."""
+        import onnx
+
+        from .onnx_import import unsupported_ops
+
+        missing = unsupported_ops(onnx.load(str(self.path), load_external_data=False))
+        if not missing:
+            return None
+        listing = ", ".join(f"{op} ({n} node{'s' if n > 1 else ''}, first {first!r})" for op, n, first in missing)
+        return f"{len(missing)} op type(s) are not supported by the ONNX importer: {listing}"
+
+    def default_targets(self, say: Callable[[str], None]) -> list[str]:
+        why = self.unsupported_for_tflite()
+        if why is None:
+            return list(self.targets)
+        say(f"not building tflite from {self.name}: {why}")
+        return [t for t in self.targets if t != "tflite"]
+
+    def check_targets(self, targets: list[str]) -> None:
+        super().check_targets(targets)
+        if "tflite" in targets:
+            why = self.unsupported_for_tflite()  # before any data is read or work starts
+            if why is not None:
+                raise ConversionError(f"{self.name} cannot go to tflite: {why} (the openvino and onnx targets take "
+                                      "the model as it is)")
+
+    def float_tflite(self, path: Path) -> Path:
+        """ONNX -> torch (edgesdk's importer, shapes fixed) -> litert-torch, the PyTorch route's converter."""
+        import litert_torch
+        import torch
+
+        from .onnx_import import import_onnx
+
+        module = import_onnx(self.path, {s.name: tuple(s.shape) for s in self.inputs})
+        example = tuple(torch.zeros(s.shape, dtype=getattr(torch, s.dtype)) for s in self.inputs)
+        try:
+            litert_torch.convert(module, example).export(str(path))
+        except Exception as exc:  # litert-torch raises many kinds on unsupported graphs
+            raise ConversionError(f"litert-torch could not convert {self.name} (imported from ONNX) to tflite: "
+                                  f"{exc}") from exc
+        return path
+
 
 class TFLiteSource(Source):
     kind = "tflite"
@@ -230,6 +300,10 @@ def _torch_spec(name: str, node) -> TensorSpec:
     shape = tuple(int(d) if isinstance(d, int) else -1 for d in getattr(val, "shape", ()))
     dtype = str(getattr(val, "dtype", "torch.float32")).replace("torch.", "")
     return TensorSpec(name, shape, dtype)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join("?" if d == -1 else str(d) for d in shape)
 
 
 def _onnx_spec(value) -> TensorSpec:
