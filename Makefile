@@ -10,8 +10,12 @@ EXTRAS ?= convert,litert,openvino,onnxruntime,dev
 # The cloud side (`edgesdk serve`, KServe) has its own venv: kserve pins protobuf < 7, which the converters need.
 CLOUD_VENV ?= .venv-cloud
 CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
+# The device side alone, with bundle signatures (`trust`): model-signing 1.1 needs typing-extensions >= 4.14.1,
+# which litert-torch's xdsl pin (< 4.13) keeps out of .venv. It also shows the runtime installs without the converters.
+DEVICE_VENV ?= .venv-device
+DEVICE_EXTRAS ?= onnxruntime,trust
 
-.PHONY: setup setup-cloud demo demo-hybrid test bench clean
+.PHONY: setup setup-cloud setup-device demo demo-hybrid test bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +34,14 @@ $(CLOUD_VENV)/.installed: pyproject.toml
 	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]"
 	touch $@
 
+setup-device: $(DEVICE_VENV)/.installed
+
+$(DEVICE_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(DEVICE_VENV)/bin/python -m pip install --quiet -e ".[$(DEVICE_EXTRAS)]" "pytest>=8" "hypothesis>=6.170"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/edgesdk demo
 
@@ -37,8 +49,10 @@ demo: setup
 demo-hybrid: setup setup-cloud
 	$(PY) samples/digits/hybrid.py --cloud-venv "$(abspath $(CLOUD_VENV))"
 
-test: setup setup-cloud
-	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q
+# Two runs: everything in .venv, then the signature tests (marked `trust`) in the device venv.
+test: setup setup-cloud setup-device
+	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q -m "not trust"
+	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/test_trust.py
 
 bench: setup
 	$(PY) benchmarks/quantize.py

@@ -12,12 +12,13 @@ from .model import Budgets, Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
 from .pool import ModelPool
 from .preprocess import Preprocess
+from .trust import Trust
 
 __version__ = "0.1.0"
 
 __all__ = [
     "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle",
-    "Preprocess", "HybridOptions", "EscalationPolicy", "HybridModel",
+    "Preprocess", "HybridOptions", "EscalationPolicy", "HybridModel", "Trust",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
     "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
     "__version__",

@@ -92,14 +92,15 @@ def quantize(
 
 @app.command()
 def inspect(
-    bundle: Path = typer.Argument(..., help="Bundle directory (with manifest.json)."),
+    bundle: Path = typer.Argument(..., help="Bundle directory (with manifest.json) or .edgebundle file."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
 ) -> None:
     """Verify a bundle's checksums and show its manifest summary and validation table."""
     from .bundle import Bundle
     from .report import summary, validation_table
+    from .trust import bundle_dir
 
-    b = Bundle.open(bundle)
+    b = Bundle.open(bundle_dir(bundle))
     if as_json:
         print(json.dumps(b.manifest, indent=2))
         return
@@ -181,6 +182,55 @@ def calibrate_escalation(
           f"{entry['signal']} {'>' if entry['signal'] == 'entropy' else '<'} {entry['threshold']:.4f} escalates "
           f"{entry['escalation_rate']:.1%} for "
           f"{entry['hybrid_accuracy']:.2%} ({entry['chosen_by']})")
+
+
+@app.command()
+def keygen(
+    private_key: Path = typer.Argument(..., help="Where to write the new private key (PEM, mode 0600)."),
+    public_key: Path = typer.Argument(..., help="Where to write its public key (PEM), the one devices trust."),
+) -> None:
+    """Make an ECDSA P-256 key pair for `edgesdk sign` (refuses to overwrite an existing key)."""
+    from .trust import generate_keypair
+
+    generate_keypair(private_key, public_key)
+    print(f"private key: {private_key} (keep it off the devices)\npublic key:  {public_key}")
+
+
+@app.command()
+def sign(
+    bundle: Path = typer.Argument(..., help="Bundle directory (its files are checked against the manifest first)."),
+    key: Path = typer.Option(..., "--key", help="EC private key, PEM (make one with `edgesdk keygen`)."),
+) -> None:
+    """Sign a bundle with OpenSSF model signing (key mode): writes BUNDLE/signature.sig, replacing an old one.
+
+    Sign last: anything that rewrites the bundle afterwards (calibrate-escalation, quantize --force) voids it."""
+    from .trust import sign_bundle
+
+    print(f"signed: {sign_bundle(bundle, key)}")
+
+
+@app.command()
+def verify(
+    bundle: Path = typer.Argument(..., help="Bundle directory or .edgebundle archive."),
+    pub: Path = typer.Option(..., "--pub", help="The trusted public key, PEM."),
+) -> None:
+    """Check a bundle's signature and every file's checksum; exits 2 saying what does not match."""
+    from .bundle import Bundle
+    from .trust import Trust, bundle_dir
+
+    Bundle.open(bundle_dir(bundle, Trust(public_key=pub)))
+    print(f"verified: {bundle} is signed by the holder of {pub}'s private key and unchanged")
+
+
+@app.command()
+def pack(
+    bundle: Path = typer.Argument(..., help="Bundle directory (verified first; sign it before packing)."),
+    out: Path = typer.Argument(..., help="The .edgebundle file to write."),
+) -> None:
+    """Write a bundle as one .edgebundle file (a deterministic tar.gz) that `edgesdk.load` opens directly."""
+    from .trust import pack_bundle
+
+    print(f"packed: {pack_bundle(bundle, out)}")
 
 
 @app.command()

@@ -19,6 +19,7 @@ from .bundle_io import BundleIO, Top
 from .hybrid import HybridModel, HybridOptions
 from .placement import Candidate, Placement, Skip
 from .thermal.serving import ThermalServing
+from .trust import Trust, bundle_dir
 
 _ENGINES_LOADED: set[str] = set()  # engines that served a load in this process (their libraries are warm)
 
@@ -53,6 +54,11 @@ class RuntimeOptions:
     engines run as with ``"latency"``). ``cache_dir`` lets the engine keep its compiled model there for
     later loads (OpenVINO ``CACHE_DIR``, ONNX Runtime's optimized graph; LiteRT has none): a later load
     in a new process is faster, and a stale or damaged entry is rebuilt, never served.
+
+    ``trust`` (a :class:`~edgesdk.trust.Trust`) accepts only bundles signed with its public key's pair: the
+    signature is checked before any engine reads a byte, and an unsigned or altered bundle raises
+    :class:`BundleError` naming the file or the reason. None (the default) checks the manifest's checksums only.
+    A path to an ``.edgebundle`` file is extracted safely into the cache first.
     """
 
     policy: str = "auto"
@@ -65,6 +71,7 @@ class RuntimeOptions:
     threads: int | None = None
     performance: str = "latency"
     cache_dir: str | Path | None = None
+    trust: Trust | None = None
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
 
@@ -135,7 +142,8 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
             device = _load(path, opts, memory.rss_mb)
         except (BackendUnavailable, BudgetExceeded) as exc:  # the cloud serves what the device cannot
             error = exc
-    bundle = device.bundle if device is not None else Bundle.open(path)  # opened (and verified) once
+    # Opened (and verified) once: the device model's, else here.
+    bundle = device.bundle if device is not None else Bundle.open(bundle_dir(path, opts.trust))
     cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
     return HybridModel(bundle, device, error, hyb, cloud, owns_cloud=owns)
 
@@ -167,7 +175,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     engine_options = {"performance": opts.performance, "cache_dir": opts.cache_dir}
     if opts.engine is not None and opts.engine not in backend_names():
         raise InputError(f"unknown engine {opts.engine!r} (engines: {', '.join(backend_names())})")
-    bundle = Bundle.open(path)
+    bundle = Bundle.open(bundle_dir(path, opts.trust))
     if opts.artifact is not None:
         bundle.artifact(opts.artifact)  # an unknown id is a BundleError naming the known ones
     discoveries = {name: discover(name) for name in backend_names()}

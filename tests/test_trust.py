@@ -1,0 +1,583 @@
+"""edgesdk.trust: bundle signatures (real model_signing, real keys) and .edgebundle archives (hostile ones too).
+
+The bundles here are small fakes made in tmp: a manifest that passes Bundle.open over files of random
+bytes. Signing and archives only hash and copy files, so no engine or torch is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgesdk.bundle import file_entry, write_manifest
+from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.trust import (SIGNATURE, ArchiveLimits, Trust, generate_keypair, open_archive, pack_bundle, sign_bundle,
+                           verify_bundle)
+from edgesdk.trust import archive as archive_module
+
+pytestmark = pytest.mark.trust  # model-signing: run in .venv-device (see the Makefile)
+MODEL_SIGNING_CLI = Path(sys.executable).parent / "model_signing"
+
+
+def make_bundle(root: Path, name: str = "fake") -> Path:
+    """A bundle Bundle.open accepts: one artifact of two files (one in a sub-folder), random bytes."""
+    root.mkdir(parents=True)
+    (root / "model.onnx").write_bytes(os.urandom(2048))
+    (root / "golden").mkdir()
+    (root / "golden" / "golden.npz").write_bytes(os.urandom(512))
+    manifest = {
+        "format_version": 1, "name": name, "version": "1.0", "created_with": "tests",
+        "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+        "outputs": [{"name": "y", "shape": [1, 2], "dtype": "float32"}],
+        "artifacts": [{"id": "onnx-int8", "engine": "onnxruntime", "precision": "int8",
+                       "files": [file_entry(root, root / "model.onnx")]}],
+        "golden": {"files": [file_entry(root, root / "golden" / "golden.npz")]},
+    }
+    write_manifest(root, manifest)
+    return root
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("keys")
+    generate_keypair(d / "a.pem", d / "a.pub")
+    generate_keypair(d / "b.pem", d / "b.pub")
+    return {"private": d / "a.pem", "public": d / "a.pub", "other_private": d / "b.pem", "other_public": d / "b.pub"}
+
+
+@pytest.fixture
+def signed(tmp_path, keys) -> Path:
+    bundle = make_bundle(tmp_path / "signed.bundle")
+    sign_bundle(bundle, keys["private"])
+    return bundle
+
+
+def flip_byte(path: Path, at: int = 10) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# -- signing ---------------------------------------------------------------------
+def test_sign_then_verify(tmp_path, keys):
+    bundle = make_bundle(tmp_path / "b")
+    sig = sign_bundle(bundle, keys["private"])
+    assert sig == bundle / SIGNATURE and sig.is_file()
+    assert not [p for p in bundle.iterdir() if p.name.endswith(".tmp")]
+    verify_bundle(bundle, keys["public"])
+    Trust(public_key=keys["public"]).check(bundle)
+
+
+def test_resigning_replaces_the_signature(signed, keys):
+    sign_bundle(signed, keys["other_private"])
+    verify_bundle(signed, keys["other_public"])
+    with pytest.raises(BundleError, match="made with another key"):
+        verify_bundle(signed, keys["public"])
+
+
+@pytest.mark.parametrize("rel", ["manifest.json", "model.onnx", "golden/golden.npz"])
+def test_one_flipped_byte_is_refused_naming_the_file(signed, keys, rel):
+    flip_byte(signed / rel)
+    with pytest.raises(BundleError, match=f"file '{rel}' was altered since signing"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_added_file_is_refused(signed, keys):
+    (signed / "golden" / "extra.bin").write_bytes(b"not signed")
+    with pytest.raises(BundleError, match="file 'golden/extra.bin' was added"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_removed_file_is_refused(signed, keys):
+    (signed / "golden" / "golden.npz").unlink()
+    with pytest.raises(BundleError, match="file 'golden/golden.npz' was removed"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_altered_model_with_rewritten_manifest_is_refused(signed, keys):
+    """The realistic attack: change the model and fix up manifest.json so Bundle.open alone would pass."""
+    (signed / "model.onnx").write_bytes(os.urandom(2048))
+    manifest = json.loads((signed / "manifest.json").read_text())
+    manifest["artifacts"][0]["files"] = [file_entry(signed, signed / "model.onnx")]
+    write_manifest(signed, manifest)
+    with pytest.raises(BundleError, match="file 'manifest.json' was altered; file 'model.onnx' was altered"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_signature_of_another_bundle_is_refused(signed, tmp_path, keys):
+    other = make_bundle(tmp_path / "other.bundle", name="other")
+    sign_bundle(other, keys["private"])
+    (signed / SIGNATURE).write_bytes((other / SIGNATURE).read_bytes())
+    with pytest.raises(BundleError, match="signature of another bundle \\('other.bundle'\\)"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_wrong_public_key_is_refused(signed, keys):
+    with pytest.raises(BundleError, match="made with another key than the trusted public key"):
+        verify_bundle(signed, keys["other_public"])
+    with pytest.raises(BundleError, match="another key"):
+        Trust(public_key=keys["other_public"]).check(signed)
+
+
+def test_rewritten_signed_payload_is_refused(signed, keys):
+    """Editing the digests inside the signature (to cover a swapped file) breaks the ECDSA signature."""
+    sig = json.loads((signed / SIGNATURE).read_text())
+    statement = json.loads(base64.b64decode(sig["dsseEnvelope"]["payload"]))
+    statement["predicate"]["resources"][0]["digest"] = "0" * 64
+    sig["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    (signed / SIGNATURE).write_text(json.dumps(sig))
+    with pytest.raises(BundleError, match="does not match the public key"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_garbage_signature_is_refused(signed, keys):
+    (signed / SIGNATURE).write_text("{not json")
+    with pytest.raises(BundleError, match="not a valid model-signing signature"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_unsigned_bundle_is_refused(tmp_path, keys):
+    bundle = make_bundle(tmp_path / "b")
+    with pytest.raises(BundleError, match="is unsigned: it has no signature.sig"):
+        verify_bundle(bundle, keys["public"])
+    with pytest.raises(BundleError, match="unsigned"):
+        Trust(public_key=keys["public"]).check(bundle)
+
+
+def test_trust_without_required_signature_accepts_unsigned_but_checks_signed(tmp_path, signed, keys):
+    lenient = Trust(public_key=keys["public"], require_signature=False)
+    lenient.check(make_bundle(tmp_path / "unsigned"))
+    flip_byte(signed / "model.onnx")
+    with pytest.raises(BundleError, match="'model.onnx' was altered"):
+        lenient.check(signed)
+
+
+def test_symlink_added_to_a_signed_bundle_is_refused(signed, keys):
+    (signed / "link").symlink_to(signed / "model.onnx")
+    with pytest.raises(BundleError, match="symlink"):
+        verify_bundle(signed, keys["public"])
+
+
+def test_signature_that_ignores_the_manifest_is_refused(tmp_path, keys):
+    """A valid signature made with manifest.json ignored vouches for nothing that Bundle.open checks."""
+    import model_signing
+
+    bundle = make_bundle(tmp_path / "b")
+    model_signing.signing.Config().use_elliptic_key_signer(private_key=keys["private"]).set_hashing_config(
+        model_signing.hashing.Config().set_ignored_paths(paths=[SIGNATURE, "manifest.json"])
+    ).sign(bundle, bundle / SIGNATURE)
+    with pytest.raises(BundleError, match="does not cover manifest.json"):
+        verify_bundle(bundle, keys["public"])
+
+
+def test_sign_refuses_a_folder_that_is_not_a_bundle(tmp_path, keys):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(BundleError, match="is not a bundle: it has no manifest.json"):
+        sign_bundle(tmp_path / "plain", keys["private"])
+    assert not (tmp_path / "plain" / SIGNATURE).exists()
+
+
+def test_sign_refuses_an_altered_bundle(tmp_path, keys):
+    bundle = make_bundle(tmp_path / "b")
+    flip_byte(bundle / "model.onnx")
+    with pytest.raises(BundleError, match="'model.onnx' was altered"):
+        sign_bundle(bundle, keys["private"])
+
+
+def test_sign_refuses_a_key_that_is_not_a_private_key(tmp_path, keys):
+    bundle = make_bundle(tmp_path / "b")
+    with pytest.raises(EdgeSDKError, match="not an unencrypted EC private key"):
+        sign_bundle(bundle, keys["public"])
+    with pytest.raises(EdgeSDKError, match="private key not found"):
+        sign_bundle(bundle, tmp_path / "missing.pem")
+
+
+def test_missing_public_key_is_a_setup_error(signed, tmp_path):
+    with pytest.raises(EdgeSDKError, match="public key not found") as info:
+        verify_bundle(signed, tmp_path / "nope.pub")
+    assert not isinstance(info.value, BundleError)
+
+
+def test_without_model_signing_the_error_says_what_to_install(signed, keys, monkeypatch):
+    for name in [m for m in sys.modules if m == "model_signing" or m.startswith("model_signing.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "model_signing", None)  # import model_signing -> ImportError
+    with pytest.raises(EdgeSDKError, match=r"pip install 'edgesdk\[trust\]'"):
+        verify_bundle(signed, keys["public"])
+    with pytest.raises(EdgeSDKError, match=r"pip install 'edgesdk\[trust\]'"):
+        sign_bundle(signed, keys["private"])
+
+
+def test_generate_keypair_writes_a_private_key_only_the_owner_reads_and_never_overwrites(tmp_path):
+    private, public = generate_keypair(tmp_path / "k.pem", tmp_path / "k.pub")
+    assert private.stat().st_mode & 0o777 == 0o600
+    assert public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    before = private.read_bytes()
+    with pytest.raises(EdgeSDKError, match="already exists"):
+        generate_keypair(private, tmp_path / "other.pub")
+    assert private.read_bytes() == before and not (tmp_path / "other.pub").exists()
+
+
+def run_model_signing_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(MODEL_SIGNING_CLI), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_model_signing_cli_verifies_our_signature_and_refuses_tampering(signed, keys):
+    args = ["verify", "key", str(signed), "--signature", str(signed / SIGNATURE), "--public_key", str(keys["public"])]
+    good = run_model_signing_cli(*args)
+    assert good.returncode == 0, good.stderr
+    assert "Verification succeeded" in good.stdout
+    flip_byte(signed / "golden" / "golden.npz")
+    bad = run_model_signing_cli(*args)
+    assert bad.returncode != 0
+    assert "golden/golden.npz" in bad.stderr
+
+
+def test_we_verify_a_bundle_signed_by_the_model_signing_cli(tmp_path, keys):
+    bundle = make_bundle(tmp_path / "b")
+    done = run_model_signing_cli("sign", "key", str(bundle), "--signature", str(bundle / SIGNATURE),
+                                 "--private_key", str(keys["private"]))
+    assert done.returncode == 0, done.stderr
+    verify_bundle(bundle, keys["public"])
+
+
+# -- archives: the good path -----------------------------------------------------------
+def listing(root: Path, cache: Path) -> set[Path]:
+    """Every path under ``root`` outside ``cache``: what an extraction must never change."""
+    return {p for p in root.rglob("*") if not p.is_relative_to(cache)}
+
+
+def test_archive_round_trip_keeps_the_signature_and_hits_the_cache(signed, tmp_path, keys, monkeypatch):
+    archive = pack_bundle(signed, tmp_path / "signed.edgebundle")
+    cache = tmp_path / "cache"
+    first = open_archive(archive, cache)
+    assert first.parent == cache and len(first.name) == 64
+    assert sorted(p.relative_to(first) for p in first.rglob("*")) == sorted(p.relative_to(signed)
+                                                                              for p in signed.rglob("*"))
+    verify_bundle(first, keys["public"])
+
+    def no_extraction(*args):
+        raise AssertionError("a cache hit must not extract again")
+
+    monkeypatch.setattr(archive_module, "_extract", no_extraction)
+    assert open_archive(archive, cache) == first
+    assert [p.name for p in cache.iterdir()] == [first.name]
+
+
+def test_packing_is_deterministic_and_manifest_comes_first(signed, tmp_path):
+    a = pack_bundle(signed, tmp_path / "a.edgebundle")
+    b = pack_bundle(signed, tmp_path / "b.edgebundle")
+    assert a.read_bytes() == b.read_bytes()
+    with tarfile.open(a) as tar:
+        names = tar.getnames()
+        assert names == ["manifest.json", "golden", "golden/golden.npz", "model.onnx", SIGNATURE]
+        assert {m.mtime for m in tar.getmembers()} == {0}
+
+
+def test_default_cache_dir_is_bundles_in_the_edgesdk_cache(signed, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESDK_CACHE_DIR", str(tmp_path / "edgesdk-cache"))
+    out = open_archive(pack_bundle(signed, tmp_path / "x.edgebundle"))
+    assert out.parent == tmp_path / "edgesdk-cache" / "bundles"
+
+
+def test_pack_refuses_a_non_bundle_and_a_path_inside_the_bundle(signed, tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(BundleError, match="is not a bundle"):
+        pack_bundle(tmp_path / "plain", tmp_path / "x.edgebundle")
+    with pytest.raises(BundleError, match="inside the bundle it packs"):
+        pack_bundle(signed, signed / "self.edgebundle")
+    assert not (tmp_path / "x.edgebundle").exists()
+
+
+def test_pack_refuses_a_bundle_holding_a_symlink(signed, tmp_path):
+    (signed / "link").symlink_to("/etc/hostname")
+    with pytest.raises(BundleError, match="'link' is not a regular file"):
+        pack_bundle(signed, tmp_path / "x.edgebundle")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["signed.bundle"]
+
+
+# -- archives: hostile ones -------------------------------------------------------------
+def member(name: str, data: bytes | None = None, kind: bytes = tarfile.REGTYPE, **attrs) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = len(data) if data is not None and kind in (tarfile.REGTYPE, tarfile.CONTTYPE) else 0
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info, data
+
+
+def write_tar(path: Path, members: list[tuple], mode: str = "w:gz", prefix: Path | None = None) -> Path:
+    """A tar of ``members`` ((TarInfo, bytes) pairs), after the files of the bundle ``prefix`` if given."""
+    with tarfile.open(path, mode) as tar:
+        if prefix is not None:
+            for p in sorted(prefix.rglob("*"), key=lambda p: (p.name != "manifest.json", p)):
+                tar.add(p, arcname=p.relative_to(prefix).as_posix(), recursive=False)
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+    return path
+
+
+def assert_refused(archive: Path, tmp_path: Path, match: str, limits: ArchiveLimits = ArchiveLimits()) -> None:
+    cache = tmp_path / "cache"
+    before = listing(tmp_path, cache)
+    with pytest.raises(BundleError, match=match):
+        open_archive(archive, cache, limits)
+    assert listing(tmp_path, cache) == before, "the extraction wrote outside the cache dir"
+    assert not cache.exists() or not any(cache.iterdir()), "a failed extraction was left in the cache"
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "../../escape.txt", "golden/../../../escape.txt",
+                                  "./../../escape.txt"])
+def test_dotdot_member_is_refused(signed, tmp_path, name):
+    archive = write_tar(tmp_path / "evil.edgebundle", [member(name, b"pwned")], prefix=signed)
+    assert_refused(archive, tmp_path, match=f"member '{name}' escapes the bundle with '..'")
+
+
+def test_absolute_member_is_refused(signed, tmp_path):
+    target = str(tmp_path / "abs-escape.txt")
+    archive = write_tar(tmp_path / "evil.edgebundle", [member(target, b"pwned")], prefix=signed)
+    assert_refused(archive, tmp_path, match="has an absolute path")
+    assert not Path(target).exists()
+
+
+def test_symlink_members_are_refused(signed, tmp_path):
+    archive = write_tar(tmp_path / "evil.edgebundle",
+                        [member("out", kind=tarfile.SYMTYPE, linkname=str(tmp_path)),
+                         member("out/escape.txt", b"pwned")], prefix=signed)
+    assert_refused(archive, tmp_path, match="member 'out' is a symbolic link")
+
+
+def test_relative_symlink_member_is_refused(signed, tmp_path):
+    archive = write_tar(tmp_path / "evil.edgebundle", [member("model2.onnx", kind=tarfile.SYMTYPE,
+                                                              linkname="model.onnx")], prefix=signed)
+    assert_refused(archive, tmp_path, match="member 'model2.onnx' is a symbolic link")
+
+
+def test_hard_link_member_is_refused(signed, tmp_path):
+    archive = write_tar(tmp_path / "evil.edgebundle",
+                        [member("passwd", kind=tarfile.LNKTYPE, linkname="/etc/passwd")], prefix=signed)
+    assert_refused(archive, tmp_path, match="member 'passwd' is a hard link")
+
+
+@pytest.mark.parametrize("kind, what", [(tarfile.CHRTYPE, "a device node"), (tarfile.BLKTYPE, "a device node"),
+                                        (tarfile.FIFOTYPE, "a fifo")])
+def test_device_and_fifo_members_are_refused(signed, tmp_path, kind, what):
+    archive = write_tar(tmp_path / "evil.edgebundle", [member("dev", kind=kind, devmajor=1, devminor=3)],
+                        prefix=signed)
+    assert_refused(archive, tmp_path, match=f"member 'dev' is {what}")
+
+
+def test_duplicate_member_is_refused(signed, tmp_path):
+    archive = write_tar(tmp_path / "evil.edgebundle", [member("model.onnx", b"replaced")], prefix=signed)
+    assert_refused(archive, tmp_path, match="member 'model.onnx' appears twice")
+
+
+def zero_bomb(path: Path, files: list[tuple[str, int]], block: int = 16 << 20) -> Path:
+    """A gzip tar of files of zeros, written by streaming: gzip allows concatenated members, so one compressed
+    block of zeros is written again and again and nothing of the unpacked size is ever in memory or on disk."""
+    zeros = gzip.compress(bytes(block), compresslevel=9, mtime=0)
+    with open(path, "wb") as fh:
+        for name, size in files:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            fh.write(gzip.compress(info.tobuf(tarfile.PAX_FORMAT), mtime=0))
+            for _ in range(size // block):
+                fh.write(zeros)
+        fh.write(gzip.compress(bytes(2 * tarfile.BLOCKSIZE), mtime=0))
+    return path
+
+
+def test_two_gigabyte_zero_bomb_is_refused_before_writing(tmp_path):
+    archive = zero_bomb(tmp_path / "bomb.edgebundle", [("zeros.bin", 2 << 30)])
+    assert archive.stat().st_size < 4 << 20
+    with tarfile.open(archive, "r:gz") as tar:  # a well-formed tar.gz, as the standard reader sees it
+        assert tar.next().size == 2 << 30
+    assert_refused(archive, tmp_path, match="member 'zeros.bin' brings the unpacked size .* decompression bomb")
+
+
+def test_bomb_of_many_members_is_refused_once_the_written_bytes_pass_the_ratio(tmp_path):
+    """Each 4 MiB member is harmless; together they would unpack to 640 MiB, over 200x the archive."""
+    archive = zero_bomb(tmp_path / "bomb.edgebundle", [(f"z{i:03d}", 4 << 20) for i in range(160)], block=4 << 20)
+    assert_refused(archive, tmp_path, match="member 'z0[0-9][0-9]' brings .* decompression bomb")
+
+
+def test_member_and_total_size_limits(signed, tmp_path):
+    big = write_tar(tmp_path / "big.edgebundle", [member("big.bin", os.urandom(300_000))], prefix=signed)
+    assert_refused(big, tmp_path, match="member 'big.bin' is 300000 bytes, over the limit of 100000",
+                   limits=ArchiveLimits(max_member_bytes=100_000))
+    assert_refused(big, tmp_path, match="member 'big.bin' brings the unpacked size .* over the limit of 200000",
+                   limits=ArchiveLimits(max_total_bytes=200_000))
+
+
+def test_a_hundred_thousand_tiny_files_are_refused_at_the_file_limit(tmp_path):
+    # Headers are stamped from one template (tarfile.addfile would take seconds): only the name and checksum change.
+    template = bytearray(tarfile.TarInfo("f000000").tobuf(tarfile.USTAR_FORMAT))
+    template[148:156] = b" " * 8
+    base = sum(template) - sum(b"f000000")
+    headers = []
+    for i in range(100_000):
+        name = b"f%06d" % i
+        template[0:7] = name
+        template[148:156] = b"%06o\0 " % (base + sum(name))
+        headers.append(bytes(template))
+    archive = tmp_path / "many.edgebundle"
+    archive.write_bytes(b"".join(headers) + bytes(2 * tarfile.BLOCKSIZE))
+    with tarfile.open(archive) as tar:
+        assert tar.next().name == "f000000"
+    assert_refused(archive, tmp_path, match="has more than 10000 members \\(refused at 'f010000'\\)")
+
+
+def test_truncated_archive_is_refused(signed, tmp_path):
+    good = pack_bundle(signed, tmp_path / "good.edgebundle").read_bytes()
+    cut = tmp_path / "cut.edgebundle"
+    cut.write_bytes(good[: len(good) // 2])
+    assert_refused(cut, tmp_path, match="is corrupt or truncated")
+
+
+def test_plain_tar_cut_at_a_member_boundary_is_refused(signed, tmp_path):
+    whole = write_tar(tmp_path / "whole.tar", [], mode="w", prefix=signed)
+    with tarfile.open(whole) as tar:
+        first = tar.getmembers()[0]
+    assert first.name == "manifest.json"
+    end = first.offset_data + -(-first.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    cut = tmp_path / "cut.edgebundle"
+    cut.write_bytes(whole.read_bytes()[:end])  # manifest.json whole, then nothing: tar sees a clean end
+    assert_refused(cut, tmp_path, match="does not hold a valid bundle: bundle file '.*' is missing from cut.edgebundle")
+    cut.write_bytes(whole.read_bytes()[:end - 100])
+    assert_refused(cut, tmp_path, match="is corrupt or truncated")
+
+
+def test_archive_of_an_altered_bundle_is_refused(signed, tmp_path):
+    flip_byte(signed / "model.onnx")
+    archive = write_tar(tmp_path / "altered.edgebundle", [], prefix=signed)
+    assert_refused(archive, tmp_path, match="does not hold a valid bundle: bundle file 'model.onnx' was altered")
+
+
+def test_not_an_archive_is_refused(tmp_path):
+    junk = tmp_path / "junk.edgebundle"
+    junk.write_bytes(b"this is not a tar" * 100)
+    assert_refused(junk, tmp_path, match="is corrupt or truncated")
+    with pytest.raises(BundleError, match="bundle archive not found"):
+        open_archive(tmp_path / "missing.edgebundle", tmp_path / "cache")
+
+
+# -- archives: properties ---------------------------------------------------------------
+@lru_cache(maxsize=None)
+def good_archive_bytes(mode: str) -> bytes:
+    with tempfile.TemporaryDirectory() as d:
+        bundle = make_bundle(Path(d) / "b")
+        return write_tar(Path(d) / "b.tar", [], mode=mode, prefix=bundle).read_bytes()
+
+
+def open_bytes(data: bytes) -> None:
+    """open_archive on ``data``: it may succeed or raise BundleError, nothing else, and writes only to the cache."""
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d)
+        (base / "a.edgebundle").write_bytes(data)
+        cache = base / "cache"
+        try:
+            open_archive(base / "a.edgebundle", cache, ArchiveLimits(max_files=50, max_member_bytes=1 << 20))
+        except BundleError:
+            assert not cache.exists() or not any(cache.iterdir())
+        assert listing(base, cache) == {base / "a.edgebundle"}
+
+
+PROPERTY = settings(max_examples=60, deadline=None, database=None,  # no .hypothesis/ folder in the checkout
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(st.binary(max_size=4096) | st.binary(max_size=2048).map(gzip.compress))
+def test_random_bytes_only_ever_raise_bundle_error(data):
+    open_bytes(data)
+
+
+names = st.sampled_from(["manifest.json", "model.onnx", "a", "a/b", "../x", "../../x", "/abs", "a/../../x", ".",
+                         "./", "", "a\\b", "ok/" * 3, "x" * 120]) | st.text("ab./", max_size=10)
+kinds = st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
+                         tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.FIFOTYPE, tarfile.CONTTYPE, b"Z"])
+members = st.lists(st.tuples(names, kinds, st.binary(max_size=64), names), max_size=8)
+
+
+@PROPERTY
+@given(members, st.sampled_from(["w", "w:gz"]), st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT]))
+def test_random_tar_members_only_ever_raise_bundle_error(entries, mode, fmt):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode, format=fmt) as tar:
+        for name, kind, data, linkname in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, linkname
+            info.size = len(data) if kind in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE) else 0
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+    open_bytes(buf.getvalue())
+
+
+@PROPERTY
+@given(st.sampled_from(["w", "w:gz"]), st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=6),
+       st.one_of(st.none(), st.integers(0, 1 << 20)))
+def test_damaged_good_archives_only_ever_raise_bundle_error(mode, edits, cut):
+    data = bytearray(good_archive_bytes(mode))
+    for at, value in edits:
+        data[at % len(data)] = value
+    open_bytes(bytes(data[: cut % len(data)] if cut is not None else data))
+
+
+# -- edgesdk.load(..., trust=...) ------------------------------------------------------------------------------
+def test_load_refuses_an_untrusted_bundle_before_any_engine_reads_it(signed, tmp_path, keys):
+    """The fake bundle's model is random bytes: an engine that got to it would fail with BackendUnavailable. A
+    BundleError therefore shows the signature check came first."""
+    import edgesdk
+    from edgesdk import BackendUnavailable, Trust
+
+    trust = Trust(public_key=keys["public"])
+    with pytest.raises(BackendUnavailable):  # trusted: the load goes on to the engine, which refuses random bytes
+        edgesdk.load(signed, trust=trust, check_numerics=False)
+    flip_byte(signed / "model.onnx")
+    with pytest.raises(BundleError, match="model.onnx"):
+        edgesdk.load(signed, trust=trust)
+    unsigned = make_bundle(tmp_path / "unsigned.bundle")
+    with pytest.raises(BundleError, match="unsigned"):
+        edgesdk.load(unsigned, trust=trust)
+    with pytest.raises(BackendUnavailable):  # without trust, only the checksums are checked
+        edgesdk.load(unsigned, check_numerics=False)
+
+
+def test_load_opens_a_signed_archive_and_checks_its_signature(signed, tmp_path, keys, monkeypatch):
+    import edgesdk
+    from edgesdk import BackendUnavailable, Trust
+
+    monkeypatch.setenv("EDGESDK_CACHE_DIR", str(tmp_path / "cache"))
+    archive = pack_bundle(signed, tmp_path / "fake.edgebundle")
+    with pytest.raises(BackendUnavailable):
+        edgesdk.load(archive, trust=Trust(public_key=keys["public"]), check_numerics=False)
+    with pytest.raises(BundleError, match="another key"):
+        edgesdk.load(archive, trust=Trust(public_key=keys["other_public"]))
+
+
+def test_cli_keygen_sign_verify_pack(tmp_path):
+    cli = [sys.executable, "-c", "from edgesdk.cli import main; main()"]
+    run = lambda *a: subprocess.run([*cli, *map(str, a)], capture_output=True, text=True)  # noqa: E731
+    bundle = make_bundle(tmp_path / "b.bundle")
+    assert run("keygen", tmp_path / "k.pem", tmp_path / "k.pub").returncode == 0
+    assert run("keygen", tmp_path / "k.pem", tmp_path / "k2.pub").returncode == 2  # never overwrites a key
+    assert run("sign", bundle, "--key", tmp_path / "k.pem").returncode == 0
+    ok = run("verify", bundle, "--pub", tmp_path / "k.pub")
+    assert ok.returncode == 0 and "verified" in ok.stdout, ok.stderr
+    assert run("pack", bundle, tmp_path / "b.edgebundle").returncode == 0
+    assert run("verify", tmp_path / "b.edgebundle", "--pub", tmp_path / "k.pub").returncode == 0
+    flip_byte(bundle / "golden" / "golden.npz")
+    bad = run("verify", bundle, "--pub", tmp_path / "k.pub")
+    assert bad.returncode == 2 and "golden/golden.npz" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
