@@ -97,3 +97,35 @@ def test_a_verified_bundle_hands_its_digests_to_the_engine(digits_bundle, tmp_pa
         assert eng.cache_state == "stored"
     with verified.open(cache_dir=tmp_path) as eng:
         assert eng.cache_state == "hit"
+
+
+def test_a_failure_in_openvinos_callback_is_an_error_not_an_abort(digits_bundle, tmp_path):
+    """An exception inside the AsyncInferQueue callback (here: an output the model does not have, as a failed copy
+    would) comes back as BackendUnavailable, and the next predict_batch works: pybind would otherwise abort the
+    process the next time the queue is used. Run in a child so that an abort fails this test, not the suite."""
+    import subprocess
+    import sys
+
+    script = f"""
+import numpy as np, edgesdk
+from edgesdk import BackendUnavailable, Bundle
+from edgesdk.engines import TensorSpec
+x = Bundle.open({str(digits_bundle.bundle)!r}).golden()["input_0"][:1]
+m = edgesdk.load({str(digits_bundle.bundle)!r}, engine="openvino", policy="cpu-only", performance="throughput")
+assert m.parallel_requests > 1, m.parallel_requests
+engine = m._engine
+engine.outputs.append(TensorSpec("missing", (1,), "float32"))
+try:
+    m.predict_batch([x] * 8)
+    raise SystemExit("no error")
+except BackendUnavailable as exc:
+    print("error:", exc.reason)
+engine.outputs.pop()
+good = m.predict_batch([x] * 8)
+print("batch after the error:", len(good), bool(np.array_equal(good[0].outputs[0], m.predict(x).outputs[0])))
+"""
+    if (__import__("os").cpu_count() or 1) < 2:
+        pytest.skip("OpenVINO makes a single stream on one CPU: predict_batch does not use the queue")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "error: run_failed" in proc.stdout and "batch after the error: 8 True" in proc.stdout, proc.stdout

@@ -87,6 +87,8 @@ class Engine(ABC):
     suffixes: tuple[str, ...] = ()
     # Artifact engines (manifest "engine" values) this backend can run; by default its own name.
     formats: tuple[str, ...] = ()
+    # Whether performance="throughput" changes anything on this engine (it overlaps inferences in run_many).
+    throughput_mode: bool = False
     # How many inferences run_many keeps in flight at once (OpenVINO's optimal number of requests).
     parallel_requests: int = 1
 

@@ -73,6 +73,7 @@ def _loaded_from_cache(compiled: ov.CompiledModel) -> bool:
 class OpenVINOEngine(Engine):
     name = "openvino"
     suffixes = (".xml",)
+    throughput_mode = True
 
     @classmethod
     def compile_cache(cls, device: str = "CPU") -> str | None:
@@ -207,18 +208,31 @@ class OpenVINOEngine(Engine):
         if self._queue is None:
             self._queue = ov.AsyncInferQueue(self._compiled, self.parallel_requests)
         results: list[list[np.ndarray] | None] = [None] * len(batch)
+        errors: list[BaseException] = []
         outputs = len(self.outputs)
 
         def done(request: ov.InferRequest, index: int) -> None:
-            # The request is reused for a later item: its outputs are copied out now.
-            results[index] = [request.get_output_tensor(i).data.copy() for i in range(outputs)]
+            # Runs on OpenVINO's thread: an exception escaping here is stored by pybind and aborts the process
+            # when the queue is next used, so it is handed to the calling thread instead.
+            try:
+                # The request is reused for a later item: its outputs are copied out now.
+                results[index] = [request.get_output_tensor(i).data.copy() for i in range(outputs)]
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread below
+                errors.append(exc)
 
-        self._queue.set_callback(done)
-        for index, feeds in enumerate(batch):
-            self._queue.start_async(feeds, userdata=index, share_inputs=True)
-        self._queue.wait_all()
+        queue = self._queue
+        queue.set_callback(done)
+        try:
+            for index, feeds in enumerate(batch):
+                queue.start_async(feeds, userdata=index, share_inputs=True)
+        finally:
+            queue.wait_all()  # nothing may still be in flight when this call returns or raises
+        if errors:
+            self._queue = None  # a fresh queue for the next call
+            raise errors[0]
         missing = [i for i, r in enumerate(results) if r is None]
         if missing:
+            self._queue = None
             raise RuntimeError(f"OpenVINO returned no outputs for {len(missing)} of {len(batch)} inferences")
         return results  # type: ignore[return-value]
 
