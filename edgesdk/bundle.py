@@ -16,14 +16,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from . import bundle_schema
+from .bundle_schema import ENGINES, FORMAT_VERSION, PRECISIONS, RUNTIME_OPTIONS  # noqa: F401 (public here too)
 from .errors import BundleError
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-ENGINES = ("litert", "openvino", "onnxruntime")
-PRECISIONS = ("int8", "fp32")
-RUNTIME_OPTIONS = {"precision_hint", "num_threads"}  # engine options an artifact may record
-_REQUIRED = ("format_version", "name", "version", "created_with", "inputs", "outputs", "artifacts")
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -38,6 +35,14 @@ def file_entry(root: Path, path: Path) -> dict[str, Any]:
     """The manifest entry of a file already placed inside the bundle ``root``."""
     rel = path.resolve().relative_to(root.resolve()).as_posix()
     return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def _stat(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def safe_member(root: Path, rel: str) -> Path:
@@ -62,7 +67,9 @@ class Artifact:
     precision: str
     files: tuple[Path, ...]
     entry: dict[str, Any]
-    verified: bool = False  # the bundle checked every file against the manifest's sha256 when opened
+    # Each file's (device, inode, size, mtime) when the bundle checked it against the manifest's sha256 (None:
+    # not verified). The sha256 are handed to engines only while the files are still those that were checked.
+    verified_stats: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def model_path(self) -> Path:
@@ -78,7 +85,7 @@ class Artifact:
         """The recorded runtime options overridden by ``options``, plus the files' sha256 from the manifest
         where the bundle verified them (an engine's compile cache then does not hash the model again)."""
         merged = {**self.runtime, **options}
-        if self.verified:
+        if self.verified_stats is not None and self.verified_stats == tuple(_stat(p) for p in self.files):
             merged.setdefault("digests", tuple(f["sha256"] for f in self.entry["files"]))
         return merged
 
@@ -95,7 +102,7 @@ class Bundle:
     def __init__(self, root: Path, manifest: dict[str, Any]):
         self.root = root
         self.manifest = manifest
-        self.verified = False
+        self._verified: dict[Path, tuple[int, ...]] = {}  # file -> its stat when its sha256 was checked
 
     @classmethod
     def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
@@ -105,11 +112,7 @@ class Bundle:
             raise BundleError(f"bundle not found: {root} is not a directory")
         if not manifest_path.is_file():
             raise BundleError(f"{root} is not a bundle: it has no {MANIFEST}")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BundleError(f"{manifest_path} is not valid JSON: {exc}") from exc
-        _check_manifest(manifest, manifest_path)
+        manifest = bundle_schema.load_manifest(manifest_path)  # read and checked against the schema
         bundle = cls(root, manifest)
         if verify:
             bundle.verify()
@@ -134,9 +137,11 @@ class Bundle:
                 raise BundleError(
                     f"bundle file {rel!r} was altered: {full.stat().st_size} bytes, manifest says {entry.get('bytes')}"
                 )
+            before = _stat(full)
             if sha256_file(full) != entry.get("sha256"):
                 raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
-        self.verified = True
+            if _stat(full) == before:  # not rewritten while it was hashed
+                self._verified[full] = before
 
     # -- access -------------------------------------------------------------
     @property
@@ -156,7 +161,9 @@ class Bundle:
 
     def _artifact(self, entry: dict[str, Any]) -> Artifact:
         files = tuple(safe_member(self.root, f["path"]) for f in entry["files"])
-        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry, self.verified)
+        stats = [self._verified.get(f) for f in files]
+        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry,
+                        None if None in stats else tuple(stats))
 
     @property
     def preprocess(self):
@@ -187,63 +194,8 @@ class Bundle:
 
 
 def _check_manifest(manifest: Any, where: Path) -> None:
-    if not isinstance(manifest, dict):
-        raise BundleError(f"{where}: the manifest must be a JSON object")
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise BundleError(f"{where}: manifest is missing key(s) {', '.join(missing)}")
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise BundleError(
-            f"{where}: unknown format_version {manifest['format_version']!r} (this edgesdk reads {FORMAT_VERSION})"
-        )
-    for key in ("inputs", "outputs", "artifacts"):
-        if not isinstance(manifest[key], list) or not manifest[key]:
-            raise BundleError(f"{where}: '{key}' must be a non-empty list")
-    for key in ("inputs", "outputs"):
-        for t in manifest[key]:
-            if not isinstance(t, dict) or not {"name", "shape", "dtype"} <= t.keys():
-                raise BundleError(f"{where}: every entry of '{key}' needs name, shape and dtype")
-    ids = [a.get("id") if isinstance(a, dict) else None for a in manifest["artifacts"]]
-    if len(set(map(str, ids))) != len(ids):
-        raise BundleError(f"{where}: artifact ids must be unique, got {ids}")
-    for i, art in enumerate(manifest["artifacts"]):
-        if not isinstance(art, dict) or not {"id", "engine", "precision", "files"} <= art.keys():
-            raise BundleError(f"{where}: artifact #{i} needs id, engine, precision and files")
-        if not isinstance(art["id"], str) or not art["id"]:
-            raise BundleError(f"{where}: artifact #{i} needs a string id")
-        if art["engine"] not in ENGINES:
-            raise BundleError(f"{where}: artifact {art['id']!r} has unknown engine {art['engine']!r}")
-        if art["precision"] not in PRECISIONS:
-            raise BundleError(f"{where}: artifact {art['id']!r} has unknown precision {art['precision']!r}")
-        _check_files(art["files"], f"artifact {art['id']!r}", where)
-        runtime = art.get("runtime", {})
-        if not isinstance(runtime, dict) or not set(runtime) <= RUNTIME_OPTIONS:
-            raise BundleError(
-                f"{where}: artifact {art['id']!r} has runtime options {runtime!r}; known: {', '.join(sorted(RUNTIME_OPTIONS))}"
-            )
-    golden = manifest.get("golden")
-    if golden is not None:
-        if not isinstance(golden, dict) or "files" not in golden:
-            raise BundleError(f"{where}: 'golden' must be a table with 'files'")
-        _check_files(golden["files"], "golden", where)
-        tol = golden.get("tolerance", {})
-        if not isinstance(tol, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                                                for v in tol.values()):
-            raise BundleError(f"{where}: 'golden.tolerance' must map artifact ids to non-negative numbers")
-    post = manifest.get("postprocess") or {}
-    if not isinstance(post, dict):
-        raise BundleError(f"{where}: 'postprocess' must be a table")
-    top_k = post.get("top_k", 1)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise BundleError(f"{where}: 'postprocess.top_k' must be a positive integer, got {top_k!r}")
-
-
-def _check_files(files: Any, owner: str, where: Path) -> None:
-    if not isinstance(files, list) or not files:
-        raise BundleError(f"{where}: {owner} lists no files")
-    for f in files:
-        if not isinstance(f, dict) or not {"path", "sha256", "bytes"} <= f.keys():
-            raise BundleError(f"{where}: {owner} has a file entry without path/sha256/bytes")
+    """Raise a :class:`BundleError` listing every way ``manifest`` breaks :mod:`edgesdk.bundle_schema`."""
+    bundle_schema.check_manifest(manifest, where)
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:

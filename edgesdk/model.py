@@ -450,6 +450,7 @@ class Model:
         checked before any runs. A result's ``timings_ms["inference"]`` is the batch's inference time
         divided by its size.
         """
+        xs = list(xs)  # any iterable of inputs
         if self._thermal is not None or len(xs) < 2:
             return [self.predict(x) for x in xs]
         t0 = time.perf_counter()

@@ -129,3 +129,32 @@ print("batch after the error:", len(good), bool(np.array_equal(good[0].outputs[0
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "error: run_failed" in proc.stdout and "batch after the error: 8 True" in proc.stdout, proc.stdout
+
+
+def test_digests_are_handed_on_only_while_the_files_are_those_that_were_checked(digits_bundle, tmp_path):
+    """A bundle updated in place after it was opened (same size, new bytes) must not lend the old sha256 to the
+    new file: a compile cache keyed by it would serve the old model's graph for the new one, or the reverse."""
+    import os
+    import shutil
+
+    copy = tmp_path / "b.bundle"
+    shutil.copytree(digits_bundle.bundle, copy)
+    bundle = Bundle.open(copy)
+    before = bundle.artifact("onnxruntime-fp32")
+    assert before.engine_options()["digests"]
+    path = before.model_path
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert "digests" not in before.engine_options()
+    assert "digests" not in bundle.artifact("onnxruntime-fp32").engine_options()
+    with bundle.artifact("onnxruntime-fp32").open(cache_dir=tmp_path / "cache") as engine:
+        assert engine.digests == ()  # the engine hashes the file itself
+
+
+def test_predict_batch_takes_any_iterable(digits_bundle, inputs):
+    with edgesdk.load(digits_bundle.bundle, engine="onnxruntime", policy="cpu-only") as model:
+        results = model.predict_batch(x for x in inputs[:3])
+        assert len(results) == 3
+        np.testing.assert_array_equal(results[2].outputs[0], model.predict(inputs[2]).outputs[0])

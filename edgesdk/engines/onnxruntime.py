@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 import glob
+import hashlib
 import mmap
 import os
 import uuid
@@ -54,12 +55,14 @@ def _ep_kinds() -> dict[str, str]:
     return kinds
 
 
-def _intact(path: Path, digest: str) -> bool:
-    """Whether the file's sha256 starts with ``digest`` (written into its name when it was saved)."""
+def _read_verified(path: Path, digest: str) -> bytes | None:
+    """The file's bytes if their sha256 starts with ``digest`` (written into its name when it was saved). The
+    bytes that were hashed are the ones loaded: a file rewritten in between is never served."""
     try:
-        return len(digest) == 32 and sha256_file(path)[:32] == digest
+        data = path.read_bytes()
     except OSError:
-        return False
+        return None
+    return data if len(digest) == 32 and hashlib.sha256(data).hexdigest()[:32] == digest else None
 
 
 def _external_data(path: Path) -> bool | None:
@@ -155,12 +158,12 @@ class OnnxRuntimeEngine(Engine):
         stem = f"{self.model_path.stem}-{key}"
         discarded = False
         for entry in sorted(folder.glob(f"{glob.escape(stem)}.*.onnx")):
-            if _intact(entry, entry.name[len(stem) + 1 : -len(".onnx")]):
+            data = _read_verified(entry, entry.name[len(stem) + 1 : -len(".onnx")])
+            if data is not None:
                 fast = self._session_options(provider)
                 fast.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
                 try:
-                    # By path: ORT maps the file, faster than parsing a copy (the folder is the cache's own).
-                    session = ort.InferenceSession(str(entry), fast, providers=[provider])
+                    session = ort.InferenceSession(data, fast, providers=[provider])
                     self.cache_state = "hit"
                     return session
                 except Exception:  # intact but unloadable here (a file from another build): replace it
