@@ -23,6 +23,8 @@ X4B = rand(1, 3, 8, 8, seed=1)
 W33 = Const(rand(4, 3, 3, 3, seed=2))
 B4 = Const(rand(4, seed=3))
 POS = rand(2, 3, 4, low=0.1, high=4.0)
+TIES = np.array([[1, 3, 3, 2, 3, 1, 2, 3, 3, 1] * 3], np.float32)  # ONNX orders equal values by lower index
+INTS = np.array([[-7, -3, -1, 0, 1, 2], [3, 4, 5, 7, 8, 9]], np.int32)
 
 CONV = [
     case("conv-pad1-bias", "Conv", [X4, W33, B4], pads=[1, 1, 1, 1]),
@@ -77,6 +79,10 @@ ELEMENTWISE = [
     case("pow-const-2", "Pow", [X4, Const(np.float32(2.0))]),
     case("pow-const-3", "Pow", [X4, Const(np.float32(3.0))]),
     case("pow-runtime", "Pow", [POS, rand(2, 3, 4, seed=1)]),
+    case("pow-int-base-float-2", "Pow", [INTS, Const(np.float32(2.0))]),
+    case("pow-int-base-float-1.5", "Pow", [np.abs(INTS), Const(np.float32(1.5))]),
+    case("pow-int-base-int-5", "Pow", [INTS, Const(np.int64(5))]),
+    case("pow-int-base-float-0", "Pow", [INTS, Const(np.float32(0.0))]),
     case("sqrt", "Sqrt", [POS]),
     case("relu", "Relu", [X4]),
     case("sigmoid", "Sigmoid", [X4 * 4]),
@@ -118,6 +124,8 @@ ELEMENTWISE = [
     case("argmax-first-index", "ArgMax", [rand(3, 6, dtype=np.float32, low=0, high=3).round()], axis=-1),
     case("topk-largest", "TopK", [rand(3, 10), Const(np.array([4]))], opset=11, outputs=2, axis=-1),
     case("topk-smallest-axis0", "TopK", [rand(6, 4), Const(np.array([3]))], opset=11, outputs=2, axis=0, largest=0),
+    case("topk-ties-largest", "TopK", [TIES, Const(np.array([5]))], opset=11, outputs=2),
+    case("topk-ties-smallest", "TopK", [TIES, Const(np.array([5]))], opset=11, outputs=2, largest=0),
 ]
 
 POOLS = [
@@ -195,6 +203,8 @@ REDUCE = [
     case("reducemean-13-nokeep", "ReduceMean", [X4], opset=13, axes=[1], keepdims=0),
     case("reducemean-18-input", "ReduceMean", [X4, Const(np.array([-1], np.int64))], opset=18, keepdims=0),
     case("reducemean-all", "ReduceMean", [X4], opset=13),
+    case("reducemean-int32-truncates", "ReduceMean", [INTS.reshape(4, 3)], opset=13, axes=[1]),
+    case("reducesum-int32", "ReduceSum", [INTS, Const(np.array([1], np.int64))]),
     case("reducesum-11-attr", "ReduceSum", [X4], opset=11, axes=[1]),
     case("reducesum-13-input", "ReduceSum", [X4, Const(np.array([0, 2], np.int64))], keepdims=0),
     case("reducesum-13-noop", "ReduceSum", [X4], noop_with_empty_axes=1),
@@ -229,6 +239,15 @@ RESIZE = [
          mode="linear"),
     case("resize-axes-18", "Resize", [X4, None, Const(np.array([2, 2], np.float32))], opset=18, mode="linear",
          axes=[2, 3]),
+    # A channel scale that keeps the size but moves elements (ORT's linear mode takes it only with W unscaled).
+    case("resize-nearest-channel-scale", "Resize", [rand(1, 4, 4, 4), None,
+                                                    Const(np.array([1, 1.1, 2, 2], np.float32))],
+         opset=13, coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+    case("resize-linear-channel-scale", "Resize", [rand(1, 4, 4, 4), None,
+                                                   Const(np.array([1, 1.1, 2, 1], np.float32))],
+         opset=13, mode="linear"),
+    case("resize-nearest-int8", "Resize", [rand(1, 2, 4, 4, dtype=np.int8, low=-9, high=9), None,
+                                           Const(np.array([1, 1, 2, 2], np.float32))], opset=13),
     case("resize-opset10", "Resize", [X4, Const(np.array([1, 1, 2, 2], np.float32))], opset=10),
     case("upsample-opset9", "Upsample", [X4, Const(np.array([1, 1, 2, 2], np.float32))], opset=9),
     case("upsample-opset9-linear", "Upsample", [X4, Const(np.array([1, 1, 2, 2], np.float32))], opset=9,
@@ -391,6 +410,12 @@ def test_unsupported_ops_accepts_a_path(tmp_path):
     ("Pad", [X4, Const(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))], 19, {"mode": "wrap"}, "mode='wrap'"),
     ("AveragePool", [X4], 19, {"kernel_shape": [2, 2], "dilations": [2, 2]}, r"dilations=\[2, 2\]"),
     ("Reshape", [X4, np.array([3, -1], np.int64)], 13, {}, r"input 1 'in1' \(shape\) must be a constant"),
+    ("Resize", [rand(1, 1, 4, 4, dtype=np.uint8, low=0, high=255), None, Const(np.array([1, 1, 2, 2], np.float32))],
+     13, {"mode": "linear"}, r"node 'resize_node' \(Resize\): linear resizing of uint8 tensors is not supported"),
+    ("Upsample", [rand(1, 1, 4, 4, dtype=np.int32, low=0, high=9), Const(np.array([1, 1, 2, 2], np.float32))],
+     9, {"mode": "linear"}, r"node 'upsample_node' \(Upsample\): linear resizing of int32 tensors"),
+    ("Concat", [X4, X4B], 13, {}, r"node 'concat_node' \(Concat\): the axis attribute is required"),
+    ("ReduceMean", [np.zeros((0, 3), np.int32)], 13, {"axes": [0]}, r"\(ReduceMean\): the mean of zero int32 elements"),
 ])
 def test_attribute_values_not_handled_are_refused(op, inputs, opset, attrs, message):
     model, _ = node_model(op, inputs, opset, outputs=2 if op == "TopK" else 1, **attrs)

@@ -33,6 +33,7 @@ def div(ctx: NodeContext):
 
 
 def pow_(ctx: NodeContext):
+    """The result has the base's dtype, as in ONNX (torch would promote an integer base to float)."""
     base = ctx.tensor(0)
     rank = len(ctx.shape(0))
     exponent = scalar_or_tensor(ctx, 1, rank)
@@ -43,7 +44,27 @@ def pow_(ctx: NodeContext):
         exponent = float(exponent)
         if exponent == 2.0:
             return base * base  # exact, and a plain MUL in TFLite
+    elif float(exponent).is_integer() and exponent >= 0:
+        return _integer_power(base, int(exponent))
+    else:
+        # ONNX Runtime computes std::pow in double and truncates back to the base's type. float32 here, as
+        # LiteRT has no float64 POW: the same unless |base| > 2**24 or a result lies within float32 rounding
+        # below an integer.
+        return torch.pow(base.to(torch.float32), float(exponent)).to(ctx.dtype(0))
     return torch.pow(base, exponent)
+
+
+def _integer_power(base, exponent: int):
+    """``base ** exponent`` for an integer tensor by squaring and multiplying: exact, and plain MULs in
+    TFLite (litert-torch lowers an integer torch.pow through a float64 POW that TFLite does not have)."""
+    result, square = None, base
+    while exponent:
+        if exponent & 1:
+            result = square if result is None else result * square
+        exponent >>= 1
+        if exponent:
+            square = square * square
+    return torch.ones_like(base) if result is None else result
 
 
 def _unary(fn):
@@ -158,8 +179,27 @@ def _reduce(fn, axes_input_from: int):
             return x
         if not axes:  # a scalar input
             return x
-        return fn(x, axes, keepdim=keepdims)
+        return fn(ctx, x, axes, keepdims)
     return convert
+
+
+def _mean(ctx: NodeContext, x, axes, keepdims):
+    if ctx.dtype(0).is_floating_point:
+        return torch.mean(x, axes, keepdim=keepdims)
+    # ONNX Runtime divides the integer sum by the count, truncating toward zero.
+    count = int(np.prod([ctx.shape(0)[a] for a in axes]))
+    if count == 0:
+        raise ctx.error(f"the mean of zero {str(ctx.dtype(0)).removeprefix('torch.')} elements is undefined")
+    total = torch.sum(x, axes, keepdim=keepdims, dtype=torch.int64)
+    return torch.div(total, count, rounding_mode="trunc").to(ctx.dtype(0))
+
+
+def _sum(ctx: NodeContext, x, axes, keepdims):
+    return torch.sum(x, axes, keepdim=keepdims, dtype=ctx.dtype(0))  # torch would widen integers to int64
+
+
+def _extreme(fn):
+    return lambda ctx, x, axes, keepdims: fn(x, axes, keepdim=keepdims)
 
 
 def argmax(ctx: NodeContext):
@@ -184,8 +224,24 @@ def topk(ctx: NodeContext):
         k = ctx.attr("k")
     if not 0 <= k <= shape[axis]:
         raise ctx.refuse("K", k, f"the axis has {shape[axis]} elements")
-    result = torch.topk(ctx.tensor(0), k, axis, bool(ctx.attr("largest", 1)), True)
+    x = ctx.tensor(0)
+    # One call in the graph, so the choice below is made when the module runs, not while importing.
+    result = x.tracer.create_proxy("call_function", onnx_topk, (x, k, axis, bool(ctx.attr("largest", 1))), {})
     return [result[0], result[1]]
+
+
+def onnx_topk(x: torch.Tensor, k: int, axis: int, largest: bool):
+    """TopK with ONNX's order for equal values: lower index first.
+
+    torch.topk leaves the order of ties unspecified (and does not follow the index on CPU), so eager
+    runs a stable sort. litert-torch cannot lower a sort (its comparator gets int64 indices), so under
+    torch.export this is torch.topk, which becomes TFLite's TOPK_V2: that kernel already puts ties in
+    index order, for largest and smallest (the LiteRT tests check it against onnxruntime).
+    """
+    if torch.compiler.is_exporting():
+        return torch.topk(x, k, axis, largest, True)
+    values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
+    return torch.narrow(values, axis, 0, k), torch.narrow(indices, axis, 0, k)
 
 
 def _compare(fn):
@@ -228,10 +284,10 @@ OPS = {
     "LessOrEqual": _compare(torch.le),
     "Greater": _compare(torch.gt),
     "GreaterOrEqual": _compare(torch.ge),
-    "ReduceMean": _reduce(torch.mean, 18),
-    "ReduceSum": _reduce(torch.sum, 13),
-    "ReduceMax": _reduce(torch.amax, 18),
-    "ReduceMin": _reduce(torch.amin, 18),
+    "ReduceMean": _reduce(_mean, 18),
+    "ReduceSum": _reduce(_sum, 13),
+    "ReduceMax": _reduce(_extreme(torch.amax), 18),
+    "ReduceMin": _reduce(_extreme(torch.amin), 18),
     "ArgMax": argmax,
     "TopK": topk,
 }

@@ -141,6 +141,10 @@ def resize(ctx: NodeContext):
     shape = ctx.shape(0)
     rank = len(shape)
     mode, coordinate, nearest = _settings(ctx)
+    if mode == "linear" and not ctx.dtype(0).is_floating_point:
+        # ONNX Runtime rounds integer blends its own way; nearest just picks elements and is exact for any dtype.
+        raise ctx.error(f"linear resizing of {str(ctx.dtype(0)).removeprefix('torch.')} tensors is not supported "
+                        "(only floating-point ones; nearest works for every dtype)")
     out, scale = _sizes_and_scales(ctx, shape)
     x = ctx.tensor(0)
     axes = [a for a in range(rank) if out[a] != shape[a] or scale[a] != 1]
@@ -153,15 +157,16 @@ def resize(ctx: NodeContext):
             plans[a] = _nearest_index(nearest, coords, shape[a], scale[a] < 1)
         else:
             plans[a] = _linear_weights(coords, shape[a])
-    native = _native(mode, coordinate, shape, out, scale, plans)
+    # torch's nearest interpolate kernels are float-only, so other dtypes take the index path.
+    native = _native(mode, coordinate, shape, out, scale, plans) if ctx.dtype(0).is_floating_point else None
     if native is not None:
         return F.interpolate(x, size=out[2:], **native)
     for a in axes:
         broadcast = [-1] + [1] * (rank - a - 1)
+        if _is_identity(mode, plans[a], shape[a]):
+            continue
         if mode == "nearest":
             index = plans[a]
-            if np.array_equal(index, np.arange(shape[a])):
-                continue
             x = torch.index_select(x, a, ctx.constant(index, f"index{a}"))
         else:
             low, high, w_low, w_high = plans[a]
@@ -172,10 +177,21 @@ def resize(ctx: NodeContext):
     return x
 
 
+def _is_identity(mode, plan, length: int) -> bool:
+    """Whether the plan for an axis gives back every element where it was."""
+    if mode == "nearest":
+        return np.array_equal(plan, np.arange(length))
+    low, high, _, w_high = plan
+    return np.array_equal(low, np.arange(length)) and bool(np.all((w_high == 0) | (high == low)))
+
+
 def _native(mode, coordinate, shape, out, scale, plans):
     """F.interpolate keyword arguments when it gives exactly ONNX's result, else None."""
     rank = len(shape)
     if rank not in _LINEAR_NAMES or out[0] != shape[0] or out[1] != shape[1]:
+        return None
+    # F.interpolate leaves batch and channels alone; a scale there can keep the size yet move elements.
+    if any(a in plans and not _is_identity(mode, plans[a], shape[a]) for a in (0, 1)):
         return None
     spatial = range(2, rank)
     if mode == "nearest":

@@ -87,6 +87,8 @@ def unsqueeze(ctx: NodeContext):
 
 def concat(ctx: NodeContext):
     rank = len(ctx.shape(0))
+    if ctx.attr("axis") is None:
+        raise ctx.error("the axis attribute is required")
     axis = normalize_axis(ctx, ctx.attr("axis"), rank)
     parts = [ctx.tensor(i) for i in range(ctx.n_inputs) if ctx.has_input(i) and ctx.shape(i)[axis:axis + 1] != (0,)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, axis)
