@@ -174,6 +174,8 @@ def test_vision_model_goes_to_float_and_int8_litert(trained, digits32, tmp_path,
 
     # INT8 LiteRT passes validation: top-1 agreement with float on 300 inputs of at least 99%.
     val = result.manifest["validation"]["litert-int8"]
+    print(f"{name} opset {opset}: int8 agreement {val['top1_agreement']:.4f}, accuracy {val['accuracy']:.4f} "
+          f"(float {val['reference_accuracy']:.4f})")  # the numbers behind the closing note (pytest -s)
     assert val["samples"] == 300
     assert val["passed"] and val["top1_agreement"] >= 0.99, json.dumps(val)
     assert val["reference_accuracy"] > 0.85  # the model learned: agreement is not between two random guessers
