@@ -17,10 +17,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import bundle_schema
-from .bundle_schema import ENGINES, FORMAT_VERSION, PRECISIONS, RUNTIME_OPTIONS  # noqa: F401 (public here too)
 from .errors import BundleError
 
 MANIFEST = "manifest.json"
+# Defined with the schema; named here too: the quantizer writes FORMAT_VERSION, platform profiles check the rest.
+FORMAT_VERSION, ENGINES, PRECISIONS = bundle_schema.FORMAT_VERSION, bundle_schema.ENGINES, bundle_schema.PRECISIONS
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -142,6 +143,7 @@ class Bundle:
                 raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
             if _stat(full) == before:  # not rewritten while it was hashed
                 self._verified[full] = before
+        bundle_schema.check_external_data(self.root, self.manifest)  # an ONNX file may read only listed files
 
     # -- access -------------------------------------------------------------
     @property

@@ -213,12 +213,14 @@ def test_unknown_format_version(bundle_copy):
 
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda m: m.pop("artifacts"), r"missing key\(s\) artifacts"),
-    (lambda m: m.update(artifacts={}), r"'artifacts' must be a non-empty list"),
-    (lambda m: m["artifacts"][0].pop("files"), r"artifact #0 needs id, engine, precision and files"),
-    (lambda m: m["artifacts"][1].update(engine="tensorrt"), r"'litert-int8' has unknown engine 'tensorrt'"),
-    (lambda m: m["artifacts"][1].update(precision="int4"), r"'litert-int8' has unknown precision 'int4'"),
-    (lambda m: m["artifacts"][1].update(files=[]), r"'litert-int8' lists no files"),
-    (lambda m: m["artifacts"][1]["files"][0].pop("sha256"), r"'litert-int8' has a file entry without"),
+    (lambda m: m.update(artifacts={}), r"artifacts must be a non-empty list, got \{\}"),
+    (lambda m: m["artifacts"][0].pop("files"), r"artifacts\[0\] is missing key\(s\) files"),
+    (lambda m: m["artifacts"][1].update(engine="tensorrt"),
+     r'artifacts\[1\].engine must be one of "litert", "openvino", "onnxruntime", got "tensorrt"'),
+    (lambda m: m["artifacts"][1].update(precision="int4"),
+     r'artifacts\[1\].precision must be one of "int8", "fp32", got "int4"'),
+    (lambda m: m["artifacts"][1].update(files=[]), r"artifacts\[1\].files must be a non-empty list, got \[\]"),
+    (lambda m: m["artifacts"][1]["files"][0].pop("sha256"), r"artifacts\[1\].files\[0\] is missing key\(s\) sha256"),
 ], ids=["no-artifacts", "artifacts-not-list", "artifact-no-files", "engine", "precision", "empty-files",
         "no-sha256"])
 def test_malformed_manifest(bundle_copy, edit, message):

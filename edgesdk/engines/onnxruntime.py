@@ -18,7 +18,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ..bundle import sha256_file
-from ..errors import BackendUnavailable
+from ..bundle_schema import external_data_locations, location_problem
+from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
 CACHE_KIND = "optimized model"
@@ -74,6 +75,21 @@ def _external_data(path: Path) -> bool | None:
         return None
 
 
+def _check_external_data(path: Path) -> None:
+    """Refuse a model whose external data lies outside its folder, before ONNX Runtime opens anything.
+
+    A bundle also checks that each file is one it lists (:meth:`~edgesdk.bundle.Bundle.verify`); this covers a
+    model opened on its own."""
+    try:
+        locations = external_data_locations(path)  # read as protobuf: a byte search misses over-long encodings
+    except BundleError:
+        return  # not well-formed protobuf: ONNX Runtime's own load refuses it and says why
+    for location in locations:
+        problem = location_problem(path, location)
+        if problem:
+            raise BundleError(f"{path.name} names external data {location!r}, which {problem}")
+
+
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
     suffixes = (".onnx",)
@@ -107,6 +123,7 @@ class OnnxRuntimeEngine(Engine):
 
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
+        _check_external_data(self.model_path)
         provider = self._provider(self.device)
         if self.cache_dir is not None and self.compile_cache(provider):
             self._session = self._open_cached(provider)
