@@ -15,7 +15,7 @@ CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
 DEVICE_VENV ?= .venv-device
 DEVICE_EXTRAS ?= onnxruntime,trust
 
-.PHONY: setup setup-cloud setup-device demo demo-hybrid test bench clean
+.PHONY: setup setup-cloud setup-device demo demo-hybrid test bench fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -56,6 +56,13 @@ test: setup setup-cloud setup-device
 
 bench: setup
 	$(PY) benchmarks/quantize.py
+
+FUZZ_RUNS ?= 10000
+# libFuzzer (atheris) on the bundle readers: manifest parser, .edgebundle reader, ONNX external-data scan. Any
+# exception other than an EdgeSDKError is a crash (the input is saved as crash-*).
+fuzz: setup
+	$(PY) -m pip install --quiet -e ".[fuzz]"
+	for t in manifest archive onnx; do $(PY) tests/fuzz/fuzz_bundle.py $$t -atheris_runs=$(FUZZ_RUNS) || exit 1; done
 
 clean:
 	rm -rf build .pytest_cache
