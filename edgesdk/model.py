@@ -14,7 +14,7 @@ from . import autotune, memory, numerics, selection
 from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .engines.base import PERFORMANCE
-from .errors import BackendUnavailable, BudgetExceeded, InputError
+from .errors import BackendUnavailable, BudgetExceeded, BundleError, InputError
 from .bundle_io import BundleIO, Top
 from .hybrid import HybridModel, HybridOptions
 from .placement import Candidate, Placement, Skip
@@ -59,6 +59,13 @@ class RuntimeOptions:
     signature is checked before any engine reads a byte, and an unsigned or altered bundle raises
     :class:`BundleError` naming the file or the reason. None (the default) checks the manifest's checksums only.
     A path to an ``.edgebundle`` file is extracted safely into the cache first.
+
+    ``isolate=True`` opens each artifact first in a child process and runs it on the bundle's first golden
+    input (see :mod:`edgesdk.isolate`), so a model file that crashes its engine's native code (a segfault,
+    an abort) kills the child, not the application. A candidate whose child dies, exits abnormally or times
+    out is skipped with reason ``isolated_probe_failed`` and is never opened in this process; when no other
+    candidate serves, load raises :class:`BundleError` naming the artifact, the signal and the child's last
+    stderr lines. It costs a Python start, the engine's import and one model load per candidate tried.
     """
 
     policy: str = "auto"
@@ -72,6 +79,7 @@ class RuntimeOptions:
     performance: str = "latency"
     cache_dir: str | Path | None = None
     trust: Trust | None = None
+    isolate: bool = False
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
 
@@ -212,7 +220,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
             decision = {**decision, "cached": True}
         else:
-            decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics, engine_options)
+            decision = _autotune(bundle, eligible, skipped, threads, opts.check_numerics, engine_options,
+                                 opts.isolate)
             if decision["candidate"] is not None:  # a failure is not remembered: the next load measures again
                 autotune.store(key, decision)
             failed = {s.candidate for s in skipped}
@@ -244,7 +253,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             continue
         before = memory.rss_mb()
         try:
-            engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options)
+            engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
         except BackendUnavailable as exc:
             skip = Skip(cand, exc.reason, exc.detail)
             skipped.append(skip)
@@ -288,6 +297,11 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
         raise BudgetExceeded("memory", f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
                              needed=cheapest.needed, available=cheapest.available)
     tried = [s for s in skipped if selection.meets(s.candidate, opts.require)]
+    crashed = [s for s in tried if s.reason == "isolated_probe_failed"]
+    if crashed:  # a file that kills its engine is the bundle's fault, whatever else failed
+        raise BundleError(f"bundle {bundle.name!r}: {crashed[0].candidate.artifact} failed its isolated probe and no "
+                          f"other candidate serves: " + "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})"
+                                                                  for s in tried))
     first = tried[0] if tried else None
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
     raise BackendUnavailable(first.reason if first else "no_candidate",
@@ -317,11 +331,15 @@ def _fitting(cands: list[Candidate], bundle: Bundle, costs: memory.CostBook, lim
 
 
 def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: bool,
-          engine_options: dict[str, Any]) -> tuple[Engine, dict]:
+          engine_options: dict[str, Any], isolate: bool = False) -> tuple[Engine, dict]:
     art = bundle.artifact(cand.artifact)
     options = art.engine_options(device=cand.device, **engine_options)
     if threads:
         options["num_threads"] = threads  # the app's (or profile's) choice wins over the artifact's
+    if isolate:  # raises (a skip) unless a child process opened and ran it first
+        from .isolate import probe
+
+        probe(bundle, cand.artifact, cand.engine, options)
     engine = open_engine(cand.engine, art.model_path, **options)
     if not check_numerics:
         return engine, {"checked": False, "why": "turned off (check_numerics=False)"}
@@ -333,13 +351,13 @@ def _open(bundle: Bundle, cand: Candidate, threads: int | None, check_numerics: 
 
 
 def _autotune(bundle: Bundle, eligible: list[Candidate], skipped: list[Skip], threads, check_numerics,
-              engine_options: dict[str, Any]) -> dict:
+              engine_options: dict[str, Any], isolate: bool = False) -> dict:
     """Open every viable candidate, time it on the first golden input, keep the decision."""
     feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
     timings: dict[str, float] = {}
     for cand in eligible:
         try:
-            engine, _ = _open(bundle, cand, threads, check_numerics, engine_options)
+            engine, _ = _open(bundle, cand, threads, check_numerics, engine_options, isolate)
         except BackendUnavailable as exc:
             skipped.append(Skip(cand, exc.reason, exc.detail))
             continue

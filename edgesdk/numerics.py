@@ -8,7 +8,7 @@ import numpy as np
 
 from .bundle import Bundle
 from .engines import Engine
-from .errors import BackendUnavailable, EdgeSDKError
+from .errors import BackendUnavailable, EdgeSDKError, InputError
 
 
 def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.ndarray]]:
@@ -31,6 +31,9 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     for i, feeds in enumerate(golden_feeds(golden, len(bundle.manifest["inputs"]))):
         try:
             outs = engine.run(feeds)
+        except InputError as exc:  # the artifact does not take the bundle's own inputs: it is not this bundle's model
+            raise BackendUnavailable("numerics_mismatch", f"{where} does not take the bundle's golden input {i}: "
+                                                          f"{exc}") from exc
         except EdgeSDKError:
             raise
         except Exception as exc:  # a delegate that throws at its first run is a broken backend, not a crash

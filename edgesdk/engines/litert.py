@@ -44,6 +44,10 @@ def _input_qparams(detail: dict) -> tuple[np.float32, np.float32, int, int] | No
     return np.float32(q[0]), np.float32(q[1]), info.min, info.max
 
 
+def _tensor_spec(detail: dict) -> TensorSpec:
+    return TensorSpec(detail["name"], tuple(int(v) for v in detail["shape"]), np.dtype(detail["dtype"]).name)
+
+
 # NPU device nodes (/dev/dri is a GPU node, not listed): Intel/AMD accel, Qualcomm DSP, MediaTek APU.
 _NPU_NODES = ("/dev/accel", "/dev/fastrpc-cdsp", "/dev/apusys")
 
@@ -101,20 +105,24 @@ class LiteRTEngine(Engine):
             self._open_compiled()
 
     def _open_interpreter(self) -> None:
+        # Reading the tensor details parses more of the file than the interpreter's verifier checks (a name
+        # that is not UTF-8 raises UnicodeDecodeError there): any engine exception up to here is a load failure.
         try:
             # The interpreter defaults to one thread; ORT and OpenVINO use every core by default.
             threads = self.num_threads or os.cpu_count() or 1
             self._interp = Interpreter(model_path=str(self.model_path), num_threads=threads)
             self._interp.allocate_tensors()
-        except (ValueError, RuntimeError) as exc:
-            raise BackendUnavailable("load_failed", f"LiteRT cannot load {self.model_path.name}: {exc}") from exc
-        self._in = self._interp.get_input_details()
-        self._out = self._interp.get_output_details()
-        self._in_q = [_input_qparams(d) for d in self._in]
+            self._in = self._interp.get_input_details()
+            self._out = self._interp.get_output_details()
+            self._in_q = [_input_qparams(d) for d in self._in]
+            self._out_q = [_qparams(d) for d in self._out]
+            self.inputs = [_tensor_spec(d) for d in self._in]
+            self.outputs = [_tensor_spec(d) for d in self._out]
+        except Exception as exc:  # ValueError, RuntimeError, UnicodeDecodeError... from the interpreter
+            self._interp = None
+            raise BackendUnavailable("load_failed", f"LiteRT cannot load {self.model_path.name}: "
+                                                    f"{type(exc).__name__}: {exc}") from exc
         self._in_buf = [np.empty(tuple(d["shape"]), np.float32) if q else None for d, q in zip(self._in, self._in_q)]
-        self._out_q = [_qparams(d) for d in self._out]
-        self.inputs = [TensorSpec(d["name"], tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]).name) for d in self._in]
-        self.outputs = [TensorSpec(d["name"], tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]).name) for d in self._out]
 
     def _open_compiled(self) -> None:
         try:
@@ -131,6 +139,9 @@ class LiteRTEngine(Engine):
         try:
             # The accelerator alone, no CPU in the set: a partial placement fails instead of hiding.
             self._compiled = CompiledModel.from_file(str(self.model_path), hardware_accel=accel)
+        except (ValueError, UnicodeDecodeError) as exc:  # the file itself, not the accelerator
+            raise BackendUnavailable("load_failed", f"LiteRT cannot load {self.model_path.name}: "
+                                                    f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:
             text = str(exc)
             reason = "unsupported_ops" if "not accelerated" in text else "device_missing"
@@ -138,12 +149,17 @@ class LiteRTEngine(Engine):
             detail = " ".join(w for w in words if w)[:300] or \
                 f"the {self.device} accelerator did not initialize (no usable {self.device} here; LiteRT logs why)"
             raise BackendUnavailable(reason, f"LiteRT {self.device} cannot run {self.model_path.name}: {detail}") from exc
-        self._fully = bool(self._compiled.is_fully_accelerated())
-        sig = next(iter(self._compiled.get_signature_list()))
-        ins = self._compiled.get_input_tensor_details(sig)
-        outs = self._compiled.get_output_tensor_details(sig)
-        self.inputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in ins.values()]
-        self.outputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in outs.values()]
+        try:
+            self._fully = bool(self._compiled.is_fully_accelerated())
+            sig = next(iter(self._compiled.get_signature_list()))
+            ins = self._compiled.get_input_tensor_details(sig)
+            outs = self._compiled.get_output_tensor_details(sig)
+            self.inputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in ins.values()]
+            self.outputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in outs.values()]
+        except Exception as exc:  # a damaged model can compile and still fail to describe itself
+            self._compiled = None
+            raise BackendUnavailable("load_failed", f"LiteRT {self.device} cannot read the signature of "
+                                                    f"{self.model_path.name}: {type(exc).__name__}: {exc}") from exc
         if any(s.dtype != "float32" for s in self.inputs + self.outputs):
             raise BackendUnavailable("unsupported_artifact",
                                      f"LiteRT {self.device} path takes float I/O; {self.model_path.name} has integer I/O")

@@ -129,8 +129,12 @@ class OnnxRuntimeEngine(Engine):
             self._session = self._open_cached(provider)
         else:
             self._session = self._open(str(self.model_path), self._session_options(provider), provider)
-        self.inputs = [_spec(a) for a in self._session.get_inputs()]
-        self.outputs = [_spec(a) for a in self._session.get_outputs()]
+        try:
+            self.inputs = [_spec(a) for a in self._session.get_inputs()]
+            self.outputs = [_spec(a) for a in self._session.get_outputs()]
+        except Exception as exc:  # a damaged model can load and still not describe itself (e.g. a non-UTF-8 name)
+            raise BackendUnavailable("load_failed", f"ONNX Runtime cannot describe {self.model_path.name}: "
+                                                    f"{exc}") from exc
         self._in_names = [s.name for s in self.inputs]
 
     def _session_options(self, provider: str) -> ort.SessionOptions:

@@ -117,20 +117,28 @@ class OpenVINOEngine(Engine):
         self._compiled = self._compile_cached(config) if self.cache_dir is not None else None
         if self._compiled is None:
             self._compiled = self._compile(config)
-        self._request = self._compiled.create_infer_request()
         self._queue: ov.AsyncInferQueue | None = None  # made by the first run_many that can use parallel requests
-        self.parallel_requests = int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self.inputs = [_spec(p) for p in self._compiled.inputs]
-        self.outputs = [_spec(p) for p in self._compiled.outputs]
+        try:
+            self._request = self._compiled.create_infer_request()
+            self.parallel_requests = int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+            # A damaged IR can compile with ports that have no name (get_any_name raises RuntimeError).
+            self.inputs = [_spec(p) for p in self._compiled.inputs]
+            self.outputs = [_spec(p) for p in self._compiled.outputs]
+        except Exception as exc:
+            self.close()
+            raise BackendUnavailable("load_failed", f"OpenVINO cannot describe {self.model_path.name}: "
+                                                    f"{_first_line(exc)}") from exc
 
     def _compile(self, config: dict[str, str]) -> ov.CompiledModel:
+        # OpenVINO raises RuntimeError for what it checks, and UnicodeDecodeError (from its Python layer) for
+        # names in the IR that are not UTF-8: both are about the file.
         try:
             model = core().read_model(str(self.model_path))
-        except RuntimeError as exc:
+        except Exception as exc:
             raise BackendUnavailable("load_failed", f"OpenVINO cannot read {self.model_path.name}: {_first_line(exc)}") from exc
         try:
             return core().compile_model(model, self.device, config)
-        except RuntimeError as exc:
+        except Exception as exc:
             raise BackendUnavailable("compile_failed", f"OpenVINO cannot compile {self.model_path.name} on "
                                                        f"{self.device}: {_first_line(exc)}") from exc
 
@@ -161,7 +169,7 @@ class OpenVINOEngine(Engine):
                     compiled = core().compile_model(str(self.model_path), self.device,
                                                     {**config, "CACHE_DIR": str(final)})
                     hit = _loaded_from_cache(compiled)
-                except RuntimeError:  # the uncached compile says what is wrong with the model or device
+                except Exception:  # the uncached compile says what is wrong with the model or device
                     compiled, hit = None, False
                 if not hit:
                     # OpenVINO compiled anew (adding a blob the list does not vouch for) or failed: the
@@ -179,7 +187,7 @@ class OpenVINOEngine(Engine):
             return None
         try:
             compiled = core().compile_model(str(self.model_path), self.device, {**config, "CACHE_DIR": str(building)})
-        except RuntimeError:  # the uncached compile says what is wrong with the model or device
+        except Exception:  # the uncached compile says what is wrong with the model or device
             shutil.rmtree(building, ignore_errors=True)
             self.cache_state = "unavailable"
             return None

@@ -1,0 +1,168 @@
+"""Isolated probe: open an artifact in a child process before this process touches it.
+
+A hostile or damaged model file can crash an engine's native code (a segfault or an abort), which no
+``try`` catches: the application dies with it. ``load(..., isolate=True)`` therefore first opens each
+artifact, and runs it once on the bundle's first golden input, in a fresh interpreter
+(``sys.executable -c ...``, as :mod:`edgesdk.bench_cold` does). Only when that child finishes does
+the load open the artifact in this process.
+
+What the child's end means (:func:`probe`):
+
+- it finished and ran: nothing is raised, the caller opens the artifact here;
+- it raised an edgesdk error (``BackendUnavailable`` with its reason, ``BundleError``): the same
+  error is raised here, saying it came from the probe, and the file is never opened here;
+- it was killed by a signal (SIGSEGV, SIGABRT...), exited with another status, printed no verdict
+  or ran out of ``timeout``: ``BackendUnavailable("isolated_probe_failed")`` naming the artifact,
+  the signal or status and the last lines of the child's stderr. :func:`edgesdk.load` skips that
+  candidate, and raises :class:`~edgesdk.errors.BundleError` when no other candidate serves.
+
+The child imports what a device imports (edgesdk, numpy, the one engine), never torch or the
+converters; it sees this process's ``sys.path``, so a backend added with
+:func:`edgesdk.engines.register_backend` is imported there by its module name (one defined in
+``__main__`` cannot be, and fails the probe). It writes no core dump. With ``cache_dir`` the child
+fills the engine's compile cache as a load here would, so the load that follows it may be a cache hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .bundle import Bundle, safe_member
+from .engines import ENGINE_NAMES, engine_class
+from .errors import BackendUnavailable, BundleError
+
+PROBE_TIMEOUT_S = 300.0  # an NPU or GPU compile of a large model can take minutes
+_MARK = "EDGESDK_ISOLATED_PROBE "  # engines may print on stdout too: the verdict line carries this prefix
+_TAIL_LINES = 12  # lines of the child's stderr quoted in the error
+
+# argv[1] is JSON: the model, engine, options, golden file and input count, the parent's sys.path and,
+# for a registered backend, where to import it from. faulthandler prints the Python stack of a crash on
+# stderr (the native crash itself still ends the child by its signal).
+_CHILD = r"""
+import faulthandler, json, sys
+faulthandler.enable()
+try:
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+except (ImportError, ValueError, OSError):
+    pass
+args = json.loads(sys.argv[1])
+sys.path[:0] = [p for p in args["sys_path"] if p not in sys.path]
+import importlib
+import numpy as np
+from edgesdk.engines import open_engine, register_backend
+from edgesdk.errors import BackendUnavailable, EdgeSDKError
+mark = args["mark"]
+try:
+    if args["plugin"] is not None:
+        backend = importlib.import_module(args["plugin"]["module"])
+        for part in args["plugin"]["qualname"].split("."):
+            backend = getattr(backend, part)
+        register_backend(args["engine"], backend)
+    feeds = None
+    if args["golden"] is not None:
+        with np.load(args["golden"], allow_pickle=False) as golden:
+            feeds = [golden[f"input_{i}"][:1] for i in range(args["inputs"])]
+    engine = open_engine(args["engine"], args["model"], **args["options"])
+    try:
+        if feeds is not None:
+            try:
+                engine.run(feeds)
+            except EdgeSDKError:
+                raise
+            except Exception as exc:  # as the numerics check reports it in the parent
+                raise BackendUnavailable("run_failed", f"failed on golden input 0: {exc}") from exc
+    finally:
+        engine.close()
+except EdgeSDKError as exc:
+    print(mark + json.dumps({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
+                             "detail": getattr(exc, "detail", str(exc))}), flush=True)
+    sys.exit(0)
+print(mark + json.dumps({"ok": True}), flush=True)
+"""
+
+
+def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any], *,
+          timeout: float = PROBE_TIMEOUT_S) -> float:
+    """Open ``artifact_id`` of ``bundle`` on ``engine`` with ``options`` in a child process, run golden input 0.
+
+    Returns the child's wall time in ms when it finished cleanly; raises as the module docstring says.
+    """
+    art = bundle.artifact(artifact_id)
+    where = f"{artifact_id} on {engine}:{options.get('device', 'CPU')}"
+    golden = (bundle.manifest.get("golden") or {}).get("files")
+    args = {
+        "mark": _MARK, "engine": engine, "model": str(art.model_path.resolve()),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()},
+        "golden": str(safe_member(bundle.root, golden[0]["path"])) if golden else None,
+        "inputs": len(bundle.manifest["inputs"]),
+        # The package this edgesdk came from first: the child runs the same code as this process.
+        "sys_path": [str(Path(__file__).resolve().parent.parent)] + [p for p in sys.path if isinstance(p, str) and p],
+        "plugin": _plugin(engine, where),
+    }
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    except subprocess.TimeoutExpired as exc:
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
+                                                          f"{timeout:g} s (killed); stderr: {_tail(exc.stderr)}") from exc
+    except OSError as exc:
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
+                                                          f"{sys.executable}: {exc}") from exc
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    line = next((ln[len(_MARK):] for ln in proc.stdout.splitlines() if ln.startswith(_MARK)), None)
+    try:
+        verdict = json.loads(line) if line is not None else None
+    except ValueError:
+        verdict = None
+    if proc.returncode != 0 or not isinstance(verdict, dict):
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} ({art.model_path.name}) "
+                                                          f"{_how_it_ended(proc.returncode)}; stderr: "
+                                                          f"{_tail(proc.stderr)}")
+    if "error" in verdict:
+        detail = f"{where} (isolated probe): {verdict.get('detail') or ''}"
+        if verdict["error"] == "BackendUnavailable":
+            raise BackendUnavailable(verdict.get("reason") or "isolated_probe_failed", detail)
+        if verdict["error"] == "BundleError":
+            raise BundleError(detail)
+        raise BackendUnavailable("isolated_probe_failed", f"{detail} ({verdict['error']})")
+    return elapsed_ms
+
+
+def _plugin(engine: str, where: str) -> dict[str, str] | None:
+    """Where the child imports a registered (non built-in) backend from."""
+    if engine in ENGINE_NAMES:
+        return None
+    backend = engine_class(engine)
+    if backend.__module__ == "__main__" or "<locals>" in backend.__qualname__:
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} cannot import backend "
+                                                          f"{backend.__qualname__} (defined in {backend.__module__}; "
+                                                          "register a class from an importable module)")
+    return {"module": backend.__module__, "qualname": backend.__qualname__}
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    if returncode == 0:
+        return "exited without a verdict"
+    return f"exited with status {returncode}"
+
+
+def _tail(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-_TAIL_LINES:])[-2000:] if lines else "(empty)"
