@@ -235,3 +235,31 @@ def test_the_digits_hybrid_sample_meets_its_goal(digits_bundle, digits_images, t
     assert hybrid["accuracy"] >= cloud["accuracy"] - 0.003 and hybrid["escalated"] <= 0.25
     assert hybrid["degraded"] == 0
     assert "device-only" in proc.stdout and "split-half check" in proc.stdout
+
+
+def test_the_cloud_token_never_reaches_the_logs_the_results_or_the_bundle(server, bundle_copy, digits_images, golden,
+                                                                          monkeypatch, caplog):
+    """The token travels only in the Authorization header: not in any log record (every logger, DEBUG), not in a
+    result, an error or the model's repr, and not in the bundle that calibrate-escalation rewrites."""
+    import logging
+
+    secret = "tok-7c1e9f-DO-NOT-LEAK"
+    monkeypatch.setenv("EDGESDK_TEST_CLOUD_TOKEN", secret)
+    with caplog.at_level(logging.DEBUG):
+        with edgesdk.load(bundle_copy, mode="prefer-cloud", cloud=server.url,
+                          token_env="EDGESDK_TEST_CLOUD_TOKEN") as model:  # every input goes to the cloud
+            results = [model.predict(golden[i : i + 1]) for i in range(5)]
+            assert {r.source for r in results} == {"cloud"}
+            shown = repr(model) + "".join(json.dumps(r.to_dict(), default=str) + repr(r) for r in results)
+        with edgesdk.load(bundle_copy, mode="cloud-only", cloud=f"http://127.0.0.1:{free_port()}",
+                          token_env="EDGESDK_TEST_CLOUD_TOKEN") as dead:
+            with pytest.raises(CloudUnavailable) as caught:
+                dead.predict(golden[:1])
+            shown += str(caught.value) + repr(caught.value)
+    assert caplog.records and secret not in caplog.text and secret not in shown
+    proc = subprocess.run([EDGESDK, "calibrate-escalation", str(bundle_copy), "--val", str(digits_images / "val"),
+                           "--cloud", server.url, "--token-env", "EDGESDK_TEST_CLOUD_TOKEN", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert secret not in proc.stdout + proc.stderr
+    assert all(secret.encode() not in f.read_bytes() for f in bundle_copy.rglob("*") if f.is_file())
