@@ -148,7 +148,9 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
     if hyb.mode != "cloud-only":
         try:
             device = _load(path, opts, memory.rss_mb)
-        except (BackendUnavailable, BudgetExceeded) as exc:  # the cloud serves what the device cannot
+        except (BackendUnavailable, BudgetExceeded, BundleError) as exc:  # the cloud serves what the device cannot
+            # (a BundleError here is an artifact that crashed its isolated probe; a bundle that fails its own
+            # checks or its signature fails again just below, where the cloud client needs its manifest)
             error = exc
     # Opened (and verified) once: the device model's, else here.
     bundle = device.bundle if device is not None else Bundle.open(bundle_dir(path, opts.trust))

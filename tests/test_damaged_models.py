@@ -447,3 +447,18 @@ def test_isolate_loads_a_good_bundle_as_without_it(engine, digits_bundle):
     np.testing.assert_array_equal(np.stack(outputs[True][1]), np.stack(outputs[False][1]))
     print(f"\n{engine}: load {times[False]:.0f} ms, with isolate=True {times[True]:.0f} ms "
           f"(+{times[True] - times[False]:.0f} ms)")
+
+
+def test_in_prefer_device_mode_a_crashing_device_leaves_the_cloud_to_answer(crashing_npu, digits_bundle):
+    """No device candidate survives its isolated probe: the hybrid model still loads, with no device and the
+    BundleError as the reason, so its predictions go to the cloud (here an address where nothing listens)."""
+    from cloud_server import free_port
+
+    from edgesdk.errors import CloudError
+
+    model = edgesdk.load(digits_bundle.bundle, require=FAKE_NPU, isolate=True, mode="prefer-device",
+                         cloud=f"http://127.0.0.1:{free_port()}")
+    with model:
+        assert model.device is None and isinstance(model.device_error, BundleError)
+        with pytest.raises((CloudError, BundleError)):
+            model.predict(Bundle.open(digits_bundle.bundle).golden()["input_0"][:1])
