@@ -324,6 +324,17 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:
         problems.append(f"artifacts: ids must be unique; {', '.join(map(_show, twice))} appear more than once")
+    for i, art in enumerate(manifest["artifacts"]):
+        if art["engine"] != "openvino":
+            continue
+        # OpenVINO reads <stem>.bin beside the .xml whatever the manifest says: it must be a listed (hashed) file.
+        paths = [f["path"] for f in art["files"]]
+        first = paths[0]
+        if not first.lower().endswith(".xml"):
+            problems.append(f"artifacts[{i}].files[0] must be the OpenVINO IR .xml, got {_show(first)}")
+        elif first[:-4] + ".bin" not in paths:
+            problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
+                            f"beside {_show(first)}")
     return problems
 
 
@@ -368,6 +379,16 @@ def external_data_locations(path: Path) -> list[str]:
     return [os.fsdecode(loc) for loc in found]  # as the OS will read the path: bytes that are not UTF-8 kept
 
 
+def is_openvino_ir(path: Path) -> bool:
+    """Whether the file starts like XML (an OpenVINO IR), after an optional byte-order mark and whitespace."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return True  # unreadable: the engine's own load says why
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"<")
+
+
 def location_problem(model: Path, location: str) -> str | None:
     """Why ``location`` (relative to the folder of ``model``) is not a safe external data file, or None."""
     pure = Path(location)
@@ -391,8 +412,7 @@ def check_external_data(root: Path, manifest: dict[str, Any]) -> None:
         files = [root / f["path"] for f in art["files"]]
         listed = {f.resolve() for f in files}
         for rel, model in zip((f["path"] for f in art["files"]), files):
-            if not rel.lower().endswith(".onnx"):
-                continue
+            # Every file, whatever its name: OpenVINO picks its reader by content, so an ONNX file named .xml loads.
             try:
                 locations = external_data_locations(model)
             except BundleError:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from edgesdk import Bundle
 from edgesdk.bundle_schema import check_manifest, external_data_locations, load_manifest
-from edgesdk.errors import BundleError
+from edgesdk.errors import BackendUnavailable, BundleError
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("fuzz_bundle", REPO / "tests" / "fuzz" / "fuzz_bundle.py")
@@ -398,3 +398,65 @@ def test_fuzz_target_runs_its_seeds(kind):
             target.one_input(seed)
     finally:
         target.close()
+
+
+# -- OpenVINO artifacts: what OpenVINO reads beside the manifest (security review findings) -------------------
+
+def _add_model_onnx(weights_location: str):
+    """y = x + W, W (float[4]) kept as external data at ``weights_location``: an ONNX file."""
+    from onnx import TensorProto, helper
+
+    init = helper.make_tensor("W", TensorProto.FLOAT, [4], [0.0, 1.0, 2.0, 3.0])
+    init.ClearField("float_data")
+    init.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", weights_location), ("offset", "0"), ("length", "16")):
+        entry = init.external_data.add()
+        entry.key, entry.value = k, v
+    graph = helper.make_graph([helper.make_node("Add", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [init])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _openvino_bundle(root, files: list[str]):
+    from edgesdk.bundle import file_entry, write_manifest
+
+    write_manifest(root, {
+        "format_version": 1, "name": "ov", "version": "1", "created_with": "tests",
+        "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+        "outputs": [{"name": "y", "shape": [1, 4], "dtype": "float32"}],
+        "artifacts": [{"id": "openvino-fp32", "engine": "openvino", "precision": "fp32",
+                       "files": [file_entry(root, root / f) for f in files]}]})
+    return root
+
+
+def test_an_onnx_file_named_xml_cannot_bring_unlisted_external_data(tmp_path):
+    """OpenVINO picks its reader by content: an ONNX model saved as model.xml loads, and its external data must be
+    checked like any .onnx file's; the engine itself refuses a non-IR .xml that OpenVINO could read."""
+    import onnx
+
+    from edgesdk.engines import open_engine
+
+    (tmp_path / "weights.dat").write_bytes(np.arange(4, dtype=np.float32).tobytes())  # not listed
+    onnx.save(_add_model_onnx("weights.dat"), str(tmp_path / "model.xml"))
+    (tmp_path / "model.bin").write_bytes(b"")
+    _openvino_bundle(tmp_path, ["model.xml", "model.bin"])
+    with pytest.raises(BundleError, match=r"model.xml names external data \"weights.dat\", which is not among"):
+        Bundle.open(tmp_path)
+    with pytest.raises(BackendUnavailable, match=r"load_failed: model.xml is not an OpenVINO IR \(XML\)"):
+        open_engine("openvino", tmp_path / "model.xml")
+
+
+def test_an_openvino_artifact_must_list_its_bin(digits_bundle, tmp_path):
+    import shutil
+
+    copy = tmp_path / "b.bundle"
+    shutil.copytree(digits_bundle.bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    art = next(a for a in manifest["artifacts"] if a["id"] == "openvino-int8")
+    art["files"] = [f for f in art["files"] if not f["path"].endswith(".bin")]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"artifacts\[\d\].files must list \"openvino/model_int8.bin\", the weights"):
+        Bundle.open(copy)

@@ -103,6 +103,14 @@ class OpenVINOEngine(Engine):
 
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
+        from ..bundle_schema import is_openvino_ir
+
+        if not is_openvino_ir(self.model_path):
+            # OpenVINO picks its reader by content: an ONNX file named .xml would load (with any external data).
+            # A damaged file gets OpenVINO's own refusal; one it can read as another format gets ours.
+            self._read()
+            raise BackendUnavailable("load_failed", f"{self.model_path.name} is not an OpenVINO IR (XML); "
+                                                    "OpenVINO would read it as another model format")
         available = core().available_devices
         if self.device not in available and self.device.split(".")[0] not in ("AUTO", "HETERO", "MULTI"):
             why = next((n for n in self.discover().notes if n.startswith(self.device.split(".")[0])), "")
@@ -129,13 +137,16 @@ class OpenVINOEngine(Engine):
             raise BackendUnavailable("load_failed", f"OpenVINO cannot describe {self.model_path.name}: "
                                                     f"{_first_line(exc)}") from exc
 
-    def _compile(self, config: dict[str, str]) -> ov.CompiledModel:
+    def _read(self) -> ov.Model:
         # OpenVINO raises RuntimeError for what it checks, and UnicodeDecodeError (from its Python layer) for
         # names in the IR that are not UTF-8: both are about the file.
         try:
-            model = core().read_model(str(self.model_path))
+            return core().read_model(str(self.model_path))
         except Exception as exc:
             raise BackendUnavailable("load_failed", f"OpenVINO cannot read {self.model_path.name}: {_first_line(exc)}") from exc
+
+    def _compile(self, config: dict[str, str]) -> ov.CompiledModel:
+        model = self._read()
         try:
             return core().compile_model(model, self.device, config)
         except Exception as exc:
