@@ -2,22 +2,28 @@
 
 A hostile or damaged model file can crash an engine's native code (a segfault or an abort), which no
 ``try`` catches: the application dies with it. ``load(..., isolate=True)`` therefore first opens each
-artifact, and runs it once on the bundle's first golden input, in a fresh interpreter
-(``sys.executable -c ...``, as :mod:`edgesdk.bench_cold` does). Only when that child finishes does
-the load open the artifact in this process.
+artifact, and runs it on every golden input the numerics check will run here
+(:func:`edgesdk.numerics.golden_feeds`), in a fresh interpreter (``sys.executable -I -c ...``). Only
+when that child finishes does the load open the artifact in this process.
 
 What the child's end means (:func:`probe`):
 
 - it finished and ran: nothing is raised, the caller opens the artifact here;
 - it raised an edgesdk error (``BackendUnavailable`` with its reason, ``BundleError``): the same
   error is raised here, saying it came from the probe, and the file is never opened here;
-- it was killed by a signal (SIGSEGV, SIGABRT...), exited with another status, printed no verdict
+- it was killed by a signal (SIGSEGV, SIGABRT...), exited with another status, wrote no verdict
   or ran out of ``timeout``: ``BackendUnavailable("isolated_probe_failed")`` naming the artifact,
   the signal or status and the last lines of the child's stderr. :func:`edgesdk.load` skips that
   candidate, and raises :class:`~edgesdk.errors.BundleError` when no other candidate serves.
 
+The verdict is a file the child creates (exclusively, once) in a temporary directory of this process,
+not a line on stdout: an engine or a model that prints cannot forge it. The child runs in isolated mode
+(``-I``: no current directory or script directory on its path, no ``PYTHON*`` variables, so a planted
+``json.py`` in the working directory is not imported), and its environment lacks the variables whose
+names look like secrets (:data:`SECRET_WORDS`): the probe needs none.
+
 The child imports what a device imports (edgesdk, numpy, the one engine), never torch or the
-converters; it sees this process's ``sys.path``, so a backend added with
+converters; it sees this process's ``sys.path`` (passed explicitly), so a backend added with
 :func:`edgesdk.engines.register_backend` is imported there by its module name (one defined in
 ``__main__`` cannot be, and fails the probe). It writes no core dump. With ``cache_dir`` the child
 fills the engine's compile cache as a load here would, so the load that follows it may be a cache hit.
@@ -30,6 +36,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +46,11 @@ from .engines import ENGINE_NAMES, engine_class
 from .errors import BackendUnavailable, BundleError
 
 PROBE_TIMEOUT_S = 300.0  # an NPU or GPU compile of a large model can take minutes
-_MARK = "EDGESDK_ISOLATED_PROBE "  # engines may print on stdout too: the verdict line carries this prefix
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")  # env names with these are not passed to the child
 _TAIL_LINES = 12  # lines of the child's stderr quoted in the error
 
-# argv[1] is JSON: the model, engine, options, golden file and input count, the parent's sys.path and,
-# for a registered backend, where to import it from. faulthandler prints the Python stack of a crash on
+# argv[1] is JSON: the model, engine, options, golden file and input count, the verdict file, the parent's
+# sys.path and, for a registered backend, where to import it from. faulthandler prints the Python stack of a crash on
 # stderr (the native crash itself still ends the child by its signal).
 _CHILD = r"""
 import faulthandler, json, sys
@@ -59,39 +66,45 @@ import importlib
 import numpy as np
 from edgesdk.engines import open_engine, register_backend
 from edgesdk.errors import BackendUnavailable, EdgeSDKError
-mark = args["mark"]
+from edgesdk.numerics import golden_feeds
+
+def verdict(obj):
+    # "x": created once; if anything else made the file first, this raises and the child's status says so
+    with open(args["verdict"], "x", encoding="utf-8") as f:
+        json.dump(obj, f)
+
 try:
     if args["plugin"] is not None:
         backend = importlib.import_module(args["plugin"]["module"])
         for part in args["plugin"]["qualname"].split("."):
             backend = getattr(backend, part)
         register_backend(args["engine"], backend)
-    feeds = None
+    runs = []
     if args["golden"] is not None:
         with np.load(args["golden"], allow_pickle=False) as golden:
-            feeds = [golden[f"input_{i}"][:1] for i in range(args["inputs"])]
+            runs = golden_feeds({k: golden[k] for k in golden.files}, args["inputs"])
     engine = open_engine(args["engine"], args["model"], **args["options"])
     try:
-        if feeds is not None:
+        for i, feeds in enumerate(runs):
             try:
                 engine.run(feeds)
             except EdgeSDKError:
                 raise
             except Exception as exc:  # as the numerics check reports it in the parent
-                raise BackendUnavailable("run_failed", f"failed on golden input 0: {exc}") from exc
+                raise BackendUnavailable("run_failed", f"failed on golden input {i}: {exc}") from exc
     finally:
         engine.close()
 except EdgeSDKError as exc:
-    print(mark + json.dumps({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
-                             "detail": getattr(exc, "detail", str(exc))}), flush=True)
+    verdict({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
+             "detail": getattr(exc, "detail", str(exc))})
     sys.exit(0)
-print(mark + json.dumps({"ok": True}), flush=True)
+verdict({"ok": True})
 """
 
 
 def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any], *,
           timeout: float = PROBE_TIMEOUT_S) -> float:
-    """Open ``artifact_id`` of ``bundle`` on ``engine`` with ``options`` in a child process, run golden input 0.
+    """Open ``artifact_id`` of ``bundle`` on ``engine`` with ``options`` in a child process, run every golden input.
 
     Returns the child's wall time in ms when it finished cleanly; raises as the module docstring says.
     """
@@ -99,7 +112,7 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
     where = f"{artifact_id} on {engine}:{options.get('device', 'CPU')}"
     golden = (bundle.manifest.get("golden") or {}).get("files")
     args = {
-        "mark": _MARK, "engine": engine, "model": str(art.model_path.resolve()),
+        "engine": engine, "model": str(art.model_path.resolve()),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()},
         "golden": str(safe_member(bundle.root, golden[0]["path"])) if golden else None,
         "inputs": len(bundle.manifest["inputs"]),
@@ -107,22 +120,24 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
         "sys_path": [str(Path(__file__).resolve().parent.parent)] + [p for p in sys.path if isinstance(p, str) and p],
         "plugin": _plugin(engine, where),
     }
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL, env=dict(os.environ))
-    except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
-                                                          f"{timeout:g} s (killed); stderr: {_tail(exc.stderr)}") from exc
-    except OSError as exc:
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
-                                                          f"{sys.executable}: {exc}") from exc
-    elapsed_ms = (time.perf_counter() - start) * 1e3
-    line = next((ln[len(_MARK):] for ln in proc.stdout.splitlines() if ln.startswith(_MARK)), None)
-    try:
-        verdict = json.loads(line) if line is not None else None
-    except ValueError:
-        verdict = None
+    with tempfile.TemporaryDirectory(prefix="edgesdk-probe-") as tmp:
+        args["verdict"] = str(Path(tmp) / "verdict.json")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-I", "-c", _CHILD, json.dumps(args)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="replace", timeout=timeout,
+                                  stdin=subprocess.DEVNULL, env=_child_env())
+        except subprocess.TimeoutExpired as exc:
+            raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
+                                                              f"{timeout:g} s (killed); stderr: {_tail(exc.stderr)}") from exc
+        except OSError as exc:
+            raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
+                                                              f"{sys.executable}: {exc}") from exc
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        try:
+            verdict = json.loads(Path(args["verdict"]).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            verdict = None
     if proc.returncode != 0 or not isinstance(verdict, dict):
         raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} ({art.model_path.name}) "
                                                           f"{_how_it_ended(proc.returncode)}; stderr: "
@@ -135,6 +150,11 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
             raise BundleError(detail)
         raise BackendUnavailable("isolated_probe_failed", f"{detail} ({verdict['error']})")
     return elapsed_ms
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment without the variables whose names look like secrets."""
+    return {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
 
 
 def _plugin(engine: str, where: str) -> dict[str, str] | None:

@@ -60,8 +60,8 @@ class RuntimeOptions:
     :class:`BundleError` naming the file or the reason. None (the default) checks the manifest's checksums only.
     A path to an ``.edgebundle`` file is extracted safely into the cache first.
 
-    ``isolate=True`` opens each artifact first in a child process and runs it on the bundle's first golden
-    input (see :mod:`edgesdk.isolate`), so a model file that crashes its engine's native code (a segfault,
+    ``isolate=True`` opens each artifact first in a child process and runs it on every golden input the
+    numerics check runs (see :mod:`edgesdk.isolate`), so a model file that crashes its engine's native code (a segfault,
     an abort) kills the child, not the application. A candidate whose child dies, exits abnormally or times
     out is skipped with reason ``isolated_probe_failed`` and is never opened in this process; when no other
     candidate serves, load raises :class:`BundleError` naming the artifact, the signal and the child's last

@@ -462,3 +462,81 @@ def test_in_prefer_device_mode_a_crashing_device_leaves_the_cloud_to_answer(cras
         assert model.device is None and isinstance(model.device_error, BundleError)
         with pytest.raises((CloudError, BundleError)):
             model.predict(Bundle.open(digits_bundle.bundle).golden()["input_0"][:1])
+
+
+# -- what the isolated probe trusts ---------------------------------------------------------------------------
+
+class FakeSecondInputCrashNPUEngine(FakeCrashingNPUEngine):
+    """A pretend NPU that runs golden input 0 (through onnxruntime on the CPU) and aborts on any later run,
+    as a delegate might on one input only."""
+
+    def __init__(self, model_path, **options):
+        Engine.__init__(self, model_path, **options)
+        self._cpu = open_engine("onnxruntime", model_path)
+        self.inputs, self.outputs = self._cpu.inputs, self._cpu.outputs
+        self._runs = 0
+
+    def run_prepared(self, feeds):
+        self._runs += 1
+        if self._runs > 1:
+            os.abort()
+        return self._cpu.run_prepared(feeds)
+
+    def close(self):
+        self._cpu.close()
+        super().close()
+
+
+class FakeMarkerPrintingNPUEngine(FakeCrashingNPUEngine):
+    """A pretend NPU whose driver prints what an old probe took for its success verdict, then fails the load."""
+
+    def __init__(self, model_path, **options):
+        Engine.__init__(self, model_path, **options)
+        print('EDGESDK_ISOLATED_PROBE {"ok": true}', flush=True)
+        raise BackendUnavailable("load_failed", "the real verdict: this driver cannot load the model")
+
+
+class FakeEnvReportingNPUEngine(FakeCrashingNPUEngine):
+    """A pretend NPU that reports, as its load error, what the probe's child can see."""
+
+    def __init__(self, model_path, **options):
+        Engine.__init__(self, model_path, **options)
+        raise BackendUnavailable("load_failed", f"MY_API_TOKEN={os.environ.get('MY_API_TOKEN')} "
+                                                f"MY_SETTING={os.environ.get('MY_SETTING')} "
+                                                f"json={sys.modules['json'].__file__}")
+
+
+def _probe_with(backend, bundle_dir: Path, **kw):
+    register_backend(FAKE_NPU, backend)
+    try:
+        return isolate.probe(Bundle.open(bundle_dir), "onnxruntime-fp32", FAKE_NPU, {"device": "NPU"}, **kw)
+    finally:
+        unregister_backend(FAKE_NPU)
+
+
+def test_isolated_probe_runs_every_golden_input(digits_bundle):
+    """The numerics check runs every golden input in this process: a crash on input 1 must happen in the child."""
+    assert len(Bundle.open(digits_bundle.bundle).golden()["input_0"]) > 1
+    with pytest.raises(BackendUnavailable, match=r"isolated_probe_failed: .*killed by SIGABRT"):
+        _probe_with(FakeSecondInputCrashNPUEngine, digits_bundle.bundle)
+
+
+def test_isolated_probe_ignores_a_verdict_printed_on_stdout(digits_bundle):
+    with pytest.raises(BackendUnavailable, match=r"load_failed: .*isolated probe.*the real verdict"):
+        _probe_with(FakeMarkerPrintingNPUEngine, digits_bundle.bundle)
+
+
+def test_isolated_probe_does_not_import_from_the_working_directory(digits_bundle, tmp_path, monkeypatch):
+    (tmp_path / "json.py").write_text("import os\nos._exit(42)\n")
+    monkeypatch.chdir(tmp_path)
+    assert str(tmp_path) not in sys.path
+    assert isolate.probe(Bundle.open(digits_bundle.bundle), "onnxruntime-fp32", "onnxruntime", {"device": "CPU"}) > 0
+    with pytest.raises(BackendUnavailable, match=r"load_failed: .*json=(?!.*" + re.escape(str(tmp_path)) + ")"):
+        _probe_with(FakeEnvReportingNPUEngine, digits_bundle.bundle)
+
+
+def test_isolated_probe_child_does_not_see_secret_looking_variables(digits_bundle, monkeypatch):
+    monkeypatch.setenv("MY_API_TOKEN", "s3cret")
+    monkeypatch.setenv("MY_SETTING", "kept")
+    with pytest.raises(BackendUnavailable, match=r"load_failed: .*MY_API_TOKEN=None MY_SETTING=kept"):
+        _probe_with(FakeEnvReportingNPUEngine, digits_bundle.bundle)
