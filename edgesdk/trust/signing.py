@@ -38,7 +38,8 @@ class Trust:
     """Which bundles a load accepts: those signed with the private key paired with ``public_key``.
 
     With ``require_signature=False`` an unsigned bundle is accepted, but a signed one must still verify
-    (for the time while a fleet moves to signed bundles).
+    (for the time while a fleet moves to signed bundles). It gives no protection against tampering: whoever can
+    alter a bundle can delete its signature.
     """
 
     public_key: str | Path
