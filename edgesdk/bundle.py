@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import bundle_schema
+from . import bundle_schema, external_data
 from .errors import BundleError
 
 MANIFEST = "manifest.json"
@@ -143,7 +143,7 @@ class Bundle:
                 raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
             if _stat(full) == before:  # not rewritten while it was hashed
                 self._verified[full] = before
-        bundle_schema.check_external_data(self.root, self.manifest)  # an ONNX file may read only listed files
+        external_data.check_external_data(self.root, self.manifest)  # an ONNX file may read only listed files
 
     # -- access -------------------------------------------------------------
     @property

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgesdk import Bundle
-from edgesdk.bundle_schema import check_manifest, external_data_locations, load_manifest
+from edgesdk.bundle_schema import check_manifest, load_manifest
+from edgesdk.external_data import external_data_locations
 from edgesdk.errors import BackendUnavailable, BundleError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..bundle import sha256_file
-from ..bundle_schema import external_data_locations, location_problem
+from ..external_data import external_data_locations, location_problem
 from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 

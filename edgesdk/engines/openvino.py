@@ -103,7 +103,7 @@ class OpenVINOEngine(Engine):
 
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
-        from ..bundle_schema import is_openvino_ir
+        from ..external_data import is_openvino_ir
 
         if not is_openvino_ir(self.model_path):
             # OpenVINO picks its reader by content: an ONNX file named .xml would load (with any external data).
