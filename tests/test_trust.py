@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgesdk.bundle import file_entry, write_manifest
+from edgesdk.bundle import Bundle, file_entry, sha256_file, write_manifest
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.trust import (SIGNATURE, ArchiveLimits, Trust, generate_keypair, open_archive, pack_bundle, sign_bundle,
                            verify_bundle)
@@ -274,7 +275,8 @@ def test_archive_round_trip_keeps_the_signature_and_hits_the_cache(signed, tmp_p
 
     monkeypatch.setattr(archive_module, "_extract", no_extraction)
     assert open_archive(archive, cache) == first
-    assert [p.name for p in cache.iterdir()] == [first.name]
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".record"]
+    assert (cache.stat().st_mode & 0o777) == 0o700
 
 
 def test_packing_is_deterministic_and_manifest_comes_first(signed, tmp_path):
@@ -472,6 +474,152 @@ def test_not_an_archive_is_refused(tmp_path):
     assert_refused(junk, tmp_path, match="is corrupt or truncated")
     with pytest.raises(BundleError, match="bundle archive not found"):
         open_archive(tmp_path / "missing.edgebundle", tmp_path / "cache")
+
+
+# -- archives: the cache is checked, not trusted by name ---------------------------------------
+def bundle_name(root: Path) -> str:
+    return json.loads((root / "manifest.json").read_text())["name"]
+
+
+def test_archive_swapped_after_hashing_is_cached_under_what_was_extracted(tmp_path, monkeypatch):
+    """The attack: replace the file between the hash and the extraction. The archive is read once into a private
+    copy, so the entry is named after the bytes it holds and the genuine archive still opens as itself."""
+    a = pack_bundle(make_bundle(tmp_path / "a", name="genuine"), tmp_path / "a.edgebundle")
+    b = pack_bundle(make_bundle(tmp_path / "b", name="attacker"), tmp_path / "b.edgebundle")
+    victim = tmp_path / "download.edgebundle"
+    victim.write_bytes(a.read_bytes())
+    real_hash = archive_module.sha256_file
+
+    def hash_then_swap(path):
+        digest = real_hash(path)
+        victim.write_bytes(b.read_bytes())
+        return digest
+
+    monkeypatch.setattr(archive_module, "sha256_file", hash_then_swap)
+    cache = tmp_path / "cache"
+    out = open_archive(victim, cache)
+    monkeypatch.setattr(archive_module, "sha256_file", real_hash)
+    assert out.name == real_hash(b) and bundle_name(out) == "attacker"
+    assert bundle_name(open_archive(a, cache)) == "genuine"
+
+
+def test_bytes_after_the_tar_end_are_part_of_the_archive_hash(signed, tmp_path):
+    archive = pack_bundle(signed, tmp_path / "a.edgebundle")
+    padded = tmp_path / "padded.edgebundle"
+    padded.write_bytes(archive.read_bytes() + b"trailing bytes after the gzip stream")
+    assert open_archive(padded, tmp_path / "cache").name == sha256_file(padded) != sha256_file(archive)
+
+
+def plant_other_bundle(entry: Path, tmp_path: Path) -> None:
+    shutil.rmtree(entry)
+    shutil.copytree(make_bundle(tmp_path / "planted", name="planted"), entry)
+
+
+def plant_symlink(entry: Path, tmp_path: Path) -> None:
+    shutil.rmtree(entry)
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "notes.txt").write_text("precious")
+    entry.symlink_to(tmp_path / "victim")
+
+
+def plant_file(entry: Path, tmp_path: Path) -> None:
+    shutil.rmtree(entry)
+    entry.write_text("not a directory")
+
+
+def rot_a_bit(entry: Path, tmp_path: Path) -> None:  # same size: only the sha256 tells
+    flip_byte(entry / "model.onnx", at=-5)
+
+
+def half_clean(entry: Path, tmp_path: Path) -> None:
+    (entry / "golden" / "golden.npz").unlink()
+
+
+def drop_record(entry: Path, tmp_path: Path) -> None:
+    entry.with_name(entry.name + ".record").unlink()
+
+
+def add_a_file(entry: Path, tmp_path: Path) -> None:
+    (entry / "extra.bin").write_bytes(b"planted")
+
+
+def forge_the_manifest(entry: Path, tmp_path: Path) -> None:
+    """Another model with a manifest rewritten to match: Bundle.open passes, the record does not."""
+    (entry / "model.onnx").write_bytes(os.urandom(2048))
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["artifacts"][0]["files"] = [file_entry(entry, entry / "model.onnx")]
+    write_manifest(entry, manifest)
+
+
+def give_away(entry: Path, tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(entry, 65534, 65534)
+
+
+@pytest.mark.parametrize("damage", [plant_other_bundle, plant_symlink, plant_file, rot_a_bit, half_clean,
+                                    drop_record, add_a_file, forge_the_manifest, give_away])
+def test_a_damaged_or_substituted_cache_entry_is_replaced(tmp_path, damage):
+    archive = pack_bundle(make_bundle(tmp_path / "a", name="genuine"), tmp_path / "a.edgebundle")
+    cache = tmp_path / "cache"
+    entry = open_archive(archive, cache)
+    damage(entry, tmp_path)
+    for _ in range(2):
+        out = open_archive(archive, cache)
+        assert out == entry and not out.is_symlink() and out.is_dir() and bundle_name(out) == "genuine"
+        assert not (out / "extra.bin").exists() and out.stat().st_uid == os.getuid()
+        Bundle.open(out)
+    assert sorted(p.name for p in cache.iterdir()) == [entry.name, entry.name + ".record"]
+    if damage is plant_symlink:
+        assert [p.name for p in (tmp_path / "victim").iterdir()] == ["notes.txt"]
+
+
+def test_cache_dirs_are_created_private(signed, tmp_path):
+    cache = tmp_path / "deep" / "er" / "cache"
+    open_archive(pack_bundle(signed, tmp_path / "a.edgebundle"), cache)
+    for d in (tmp_path / "deep", tmp_path / "deep" / "er", cache):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+
+
+# -- archives: headers are bounded too ------------------------------------------------------
+def header_bomb(path: Path, kind: bytes, size: int, block: int = 16 << 20) -> Path:
+    """A gzip tar whose first header announces ``size`` bytes of long name (or PAX records), streamed as repeated
+    gzip members of one compressed block, so it is small on disk and never whole in memory here."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = kind, size
+    chunk = gzip.compress(b"a" * block, compresslevel=9, mtime=0)
+    with open(path, "wb") as fh:
+        fh.write(gzip.compress(info.tobuf(tarfile.GNU_FORMAT), mtime=0))
+        for _ in range(size // block):
+            fh.write(chunk)
+        fh.write(gzip.compress(tarfile.TarInfo("manifest.json").tobuf(tarfile.GNU_FORMAT) + bytes(1024), mtime=0))
+    return path
+
+
+@pytest.mark.parametrize("kind, what", [(tarfile.GNUTYPE_LONGNAME, "GNU long-name"), (tarfile.XHDTYPE, "PAX")])
+def test_a_gigabyte_header_is_refused_from_its_header_block(tmp_path, kind, what):
+    """tarfile reads such a header whole inside next(): 1 GiB of RAM for a 1 MB archive, unless refused first.
+    A child process, so its peak RSS is this test's alone."""
+    archive = header_bomb(tmp_path / "bomb.edgebundle", kind, 1 << 30)
+    assert archive.stat().st_size < 4 << 20
+    script = (f"import resource, sys\nfrom edgesdk.trust import open_archive\nfrom edgesdk.errors import BundleError\n"
+              f"before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              f"try:\n    open_archive({str(archive)!r}, {str(tmp_path / 'cache')!r})\n"
+              f"except BundleError as exc:\n    print(exc)\n"
+              f"print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    message, grown_mib = done.stdout.strip().rsplit("\n", 1)
+    assert f"a {what} header of {1 << 30} bytes is over the limit of 65536" in message
+    assert int(grown_mib) < 64, f"RSS grew by {grown_mib} MiB"
+
+
+def test_the_tar_stream_is_counted_headers_included(signed, tmp_path):
+    """Long names under 64 KiB each, for empty files: no member data to count, yet the stream is read in full."""
+    long = [member("./" * 30_000 + f"f{i:03d}", b"") for i in range(40)]
+    archive = write_tar(tmp_path / "names.edgebundle", long, mode="w:gz", prefix=signed)
+    assert_refused(archive, tmp_path, match="tar stream goes on past [0-9]+ bytes \\(headers included\\)",
+                   limits=ArchiveLimits(max_files=50, max_total_bytes=100_000))
 
 
 # -- archives: properties ---------------------------------------------------------------

@@ -6,9 +6,21 @@ packs to the same members. :func:`open_archive` extracts one into the cache
 (``<cache dir>/bundles/<sha256 of the archive>``) and returns that directory; a second open of the
 same archive is a cache hit and extracts nothing. It reads gzip-compressed and plain tars.
 
+The archive is read once: its bytes are copied into a private file in the cache dir while they are
+hashed, and that copy is what is extracted, so the entry's name is the sha256 of exactly what it holds
+(a file swapped under ``path`` meanwhile cannot be cached under the first file's hash). Beside each entry
+``<sha256>.record`` lists the archive's sha256 and every file's sha256 and size. A cache hit is served
+only if the entry is a real directory owned by this user, matches its record (names, sizes, and the
+sha256 of ``manifest.json`` and of any file the manifest does not list) and passes
+:meth:`~edgesdk.bundle.Bundle.open`; anything else (a symlink, bit rot, a half-cleaned cache, another
+bundle planted under the name) is removed and the archive extracted again. Cache folders are made 0700.
+The record sits beside the entry, not in it: a file added to a signed bundle would fail its signature.
+
 Extraction trusts nothing in the archive. Absolute paths, ``..``, links, devices, fifos and sparse
 files are refused; so are archives past the :class:`ArchiveLimits` (file count, member size, total
-size, and bytes unpacked per archive byte, which catches decompression bombs early). Each member also
+size, and bytes unpacked per archive byte, which catches decompression bombs early). Every byte tarfile reads is
+counted too (headers and padding included), and GNU long-name and PAX headers over 64 KiB are refused before
+tarfile reads them whole into memory. Each member also
 passes :func:`tarfile.data_filter`. Files are written by this module, counted as they are written, into
 a temporary directory inside the cache dir, which is renamed into place only once the bundle inside
 verifies (:meth:`~edgesdk.bundle.Bundle.open`); on any failure it is deleted. Nothing is written outside
@@ -19,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
+import json
 import os
 import shutil
 import stat
@@ -35,6 +49,12 @@ from ..errors import BundleError
 SUFFIX = ".edgebundle"
 _CHUNK = 1 << 20
 _RATIO_FLOOR = 16 << 20  # bytes any archive may unpack to, whatever its ratio (small, very compressible bundles)
+_MAX_META_HEADER = 64 << 10  # a GNU long name/link or PAX header: tarfile reads it whole, so it is kept small
+_META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+               tarfile.SOLARIS_XHDTYPE)
+_HEADER_BYTES_PER_FILE = 4 << 10  # tar stream bytes allowed per member beyond its data (headers, padding)
+_RECORD = ".record"
+_MAX_RECORD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -89,34 +109,48 @@ def pack_bundle(bundle_dir: str | Path, out_path: str | Path) -> Path:
 def open_archive(path: str | Path, cache_dir: str | Path | None = None, limits: ArchiveLimits = ArchiveLimits()) -> Path:
     """Extract the ``.edgebundle`` at ``path`` into the cache (once) and return the bundle directory.
 
-    The directory is named by the archive's sha256; if it is already there the archive is not extracted
-    again (the caller's :meth:`Bundle.open <edgesdk.bundle.Bundle.open>` verifies the files as always).
-    Safe to call from several processes at once: each extracts privately and the first rename wins.
+    The directory is named by the sha256 of the bytes it was extracted from. If a valid entry for the archive
+    is already there (see the module docstring) the archive is not extracted again; a damaged or substituted
+    entry is replaced. Safe to call from several processes at once: each extracts privately and the first
+    rename wins. Every failure is a :class:`~edgesdk.errors.BundleError`.
     """
     src = Path(path)
     if not src.is_file():
         raise BundleError(f"bundle archive not found: {src} is not a file")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    fingerprint = sha256_file(src)
-    target = cache / fingerprint
-    if (target / MANIFEST).is_file():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=cache, prefix=f".{fingerprint[:16]}.", suffix=".extracting"))
     try:
-        _extract(src, work, limits)
-        if not (work / MANIFEST).is_file():
-            raise BundleError(f"archive {src} holds no {MANIFEST}: it is not a bundle archive, or it was cut short")
+        seen = sha256_file(src)
+    except OSError as exc:
+        raise BundleError(f"cannot read bundle archive {src}: {exc}") from exc
+    if _cached(cache / seen, seen):  # the hit needs no copy: the entry was checked against this very digest
+        return cache / seen
+    _make_private_dirs(cache, src)
+    fd, copy_name = _in_cache(src, cache, lambda: tempfile.mkstemp(dir=cache, prefix=".", suffix=".archive"))
+    copy = Path(copy_name)
+    try:
+        fingerprint = _copy_hashing(src, fd, copy)  # what is extracted below, byte for byte
+        target = cache / fingerprint
+        if fingerprint != seen and _cached(target, fingerprint):  # the file changed since it was hashed
+            return target
+        _discard(target, src)
+        work = Path(_in_cache(src, cache, lambda: tempfile.mkdtemp(dir=cache, prefix=f".{fingerprint[:16]}.",
+                                                                   suffix=".extracting")))
         try:
-            Bundle.open(work)
-        except BundleError as exc:  # name the archive, not the temporary folder
-            raise BundleError(f"archive {src} does not hold a valid bundle: {str(exc).replace(str(work), src.name)}"
-                              ) from exc
-        work.chmod(0o777 & ~_umask())  # mkdtemp made it 0700; the extracted bundle reads like any other folder
-        _publish(work, target)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+            files = _extract(copy, work, limits, shown=src)
+            if not (work / MANIFEST).is_file():
+                raise BundleError(f"archive {src} holds no {MANIFEST}: it is not a bundle archive, or it was cut short")
+            try:
+                Bundle.open(work)
+            except BundleError as exc:  # name the archive, not the temporary folder
+                raise BundleError(f"archive {src} does not hold a valid bundle: "
+                                  f"{str(exc).replace(str(work), src.name)}") from exc
+            work.chmod(0o777 & ~_umask())  # mkdtemp made it 0700; the extracted bundle reads like any other folder
+            _publish(work, target, {"archive_sha256": fingerprint, "files": files}, src)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    finally:
+        copy.unlink(missing_ok=True)
     return target
 
 
@@ -141,12 +175,18 @@ def _umask() -> int:
 
 
 # -- extraction ------------------------------------------------------------------
-def _extract(src: Path, dest: Path, limits: ArchiveLimits) -> None:
-    """Write the members of ``src`` under ``dest``, refusing anything unsafe before it is written."""
-    allowed = min(limits.max_total_bytes, max(limits.max_ratio * src.stat().st_size, _RATIO_FLOOR))
-    written, count, seen = 0, 0, set()
+def _extract(copy: Path, dest: Path, limits: ArchiveLimits, shown: Path) -> dict[str, dict]:
+    """Write the members of the archive ``copy`` under ``dest``, refusing anything unsafe before it is written.
+
+    Messages name ``shown`` (the user's path). Returns ``{path: {"sha256", "bytes"}}`` of the files written.
+    """
+    src, size = shown, copy.stat().st_size
+    allowed = min(limits.max_total_bytes, max(limits.max_ratio * size, _RATIO_FLOOR))
+    readable = allowed + _HEADER_BYTES_PER_FILE * limits.max_files + _CHUNK
+    written, count, seen, files = 0, 0, set(), {}
     try:
-        with open(src, "rb") as raw, _decompressed(raw) as data, tarfile.open(fileobj=data, mode="r|") as tar:
+        with open(copy, "rb") as raw, _decompressed(raw) as data, \
+                tarfile.open(fileobj=_CountedReader(data, readable), mode="r|", tarinfo=_BoundedTarInfo) as tar:
             for member in tar:  # a stream: members are read (and checked) one at a time
                 count += 1
                 if count > limits.max_files:
@@ -162,17 +202,67 @@ def _extract(src: Path, dest: Path, limits: ArchiveLimits) -> None:
                     raise BundleError(f"archive {src}: member {member.name!r} is {member.size} bytes, over the "
                                       f"limit of {limits.max_member_bytes}")
                 if written + member.size > allowed:
-                    raise BundleError(_over_total(src, member.name, written + member.size, allowed, limits))
+                    raise BundleError(_over_total(src, size, member.name, written + member.size, allowed, limits))
                 full = dest.joinpath(*rel.parts)
                 if member.isdir():
                     _write(src, member.name, lambda: full.mkdir(parents=True, exist_ok=True))
                 else:
-                    written += _write_file(tar, member, src, full, allowed - written)
-    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError) as exc:
+                    digest, done = _write_file(tar, member, src, full, allowed - written)
+                    written += done
+                    files[rel.as_posix()] = {"sha256": digest, "bytes": done}
+    except _OverRead as exc:
+        raise BundleError(f"archive {src}: its tar stream goes on past {exc.limit} bytes (headers included) for "
+                          f"a {size}-byte archive, over the limits (a decompression bomb?)") from None
+    except _MetaHeaderTooLarge as exc:
+        raise BundleError(f"archive {src}: a {exc.kind} header of {exc.size} bytes is over the limit of "
+                          f"{_MAX_META_HEADER} (a header bomb?)") from None
+    except (tarfile.TarError, EOFError, zlib.error, OSError, ValueError, RecursionError) as exc:
         # Reading failed (writes are translated in _write): bad magic, bad checksum, bad gzip, cut short.
         raise BundleError(f"archive {src} is corrupt or truncated: {type(exc).__name__}: {exc}") from exc
     if count == 0:
         raise BundleError(f"archive {src} is empty")
+    return files
+
+
+class _OverRead(Exception):
+    def __init__(self, limit: int):
+        super().__init__(limit)
+        self.limit = limit
+
+
+class _MetaHeaderTooLarge(Exception):
+    def __init__(self, kind: str, size: int):
+        super().__init__(kind, size)
+        self.kind, self.size = kind, size
+
+
+class _CountedReader:
+    """The decompressed tar stream, counted: tarfile reads headers (GNU long names, PAX records) into memory
+    without open_archive seeing them, so the limits must hold on every byte it reads, not only on members."""
+
+    def __init__(self, inner, limit: int):
+        self._inner, self._limit, self._count = inner, limit, 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = self._limit - self._count + 1
+        block = self._inner.read(min(size, self._limit - self._count + 1))
+        self._count += len(block)
+        if self._count > self._limit:
+            raise _OverRead(self._limit)
+        return block
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses a long-name/PAX header over 64 KiB from its 512-byte header block, before its data is read."""
+
+    @classmethod
+    def frombuf(cls, buf, encoding, errors):
+        info = super().frombuf(buf, encoding, errors)
+        if info.type in _META_TYPES and info.size > _MAX_META_HEADER:
+            kind = "GNU long-name" if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK) else "PAX"
+            raise _MetaHeaderTooLarge(kind, info.size)
+        return info
 
 
 def _decompressed(raw):
@@ -227,22 +317,23 @@ def _unsupported_kind(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _write_file(tar: tarfile.TarFile, member: tarfile.TarInfo, src: Path, full: Path, budget: int) -> int:
-    """Copy one regular member to ``full`` (a new file), counting the bytes as they are written."""
+def _write_file(tar: tarfile.TarFile, member: tarfile.TarInfo, src: Path, full: Path, budget: int) -> tuple[str, int]:
+    """Copy one regular member to ``full`` (a new file), counting the bytes as they are written; (sha256, bytes)."""
     source = tar.extractfile(member)
     _write(src, member.name, lambda: full.parent.mkdir(parents=True, exist_ok=True))
     fd = _write(src, member.name, lambda: os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
-    done = 0
+    done, digest = 0, hashlib.sha256()
     with os.fdopen(fd, "wb") as out:
         while block := source.read(_CHUNK):
             done += len(block)
+            digest.update(block)
             if done > member.size or done > budget:
                 raise BundleError(f"archive {src}: member {member.name!r} unpacks to more than it declares or "
                                   "than the archive may hold")
             _write(src, member.name, lambda: out.write(block))
     if done != member.size:
         raise BundleError(f"archive {src} is truncated: member {member.name!r} has {done} of {member.size} bytes")
-    return done
+    return digest.hexdigest(), done
 
 
 def _write(src: Path, name: str, action):
@@ -253,21 +344,155 @@ def _write(src: Path, name: str, action):
         raise BundleError(f"archive {src}: cannot extract member {name!r}: {exc}") from exc
 
 
-def _over_total(src: Path, name: str, total: int, allowed: int, limits: ArchiveLimits) -> str:
+def _over_total(src: Path, size: int, name: str, total: int, allowed: int, limits: ArchiveLimits) -> str:
     if allowed < limits.max_total_bytes:
         return (f"archive {src}: member {name!r} brings the unpacked size to {total} bytes, over {limits.max_ratio}x "
-                f"the {src.stat().st_size}-byte archive (a decompression bomb?)")
+                f"the {size}-byte archive (a decompression bomb?)")
     return f"archive {src}: member {name!r} brings the unpacked size to {total} bytes, over the limit of {allowed}"
 
 
-def _publish(work: Path, target: Path) -> None:
-    """Rename the verified extraction into place; if another process got there first, keep theirs."""
+
+
+# -- the cache -----------------------------------------------------------------------
+def _make_private_dirs(cache: Path, src: Path) -> None:
+    """Create ``cache`` and any missing parent as 0700 (``mkdir -p`` would give the parents the umask's mode)."""
+    missing = [d for d in (cache, *cache.parents) if not d.exists()]
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise BundleError(f"cannot create the bundle cache dir {d} for {src}: {exc}") from exc
+    if not cache.is_dir():
+        raise BundleError(f"the bundle cache dir {cache} is not a directory (for {src})")
+
+
+def _in_cache(src: Path, cache: Path, action):
+    """Run one write in the cache dir; an OSError becomes a BundleError naming the archive and the cache."""
     try:
-        work.rename(target)
-        return
+        return action()
+    except OSError as exc:
+        raise BundleError(f"cannot write in the bundle cache dir {cache} for {src}: {exc}") from exc
+
+
+def _copy_hashing(src: Path, fd: int, copy: Path) -> str:
+    """Copy every byte of ``src`` (trailing bytes after the tar end included) to the open ``copy``; its sha256."""
+    digest = hashlib.sha256()
+    try:
+        with open(src, "rb") as raw, os.fdopen(fd, "wb") as out:
+            if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+                raise BundleError(f"bundle archive {src} is not a regular file")
+            while block := raw.read(_CHUNK):
+                digest.update(block)
+                out.write(block)
+    except OSError as exc:
+        raise BundleError(f"cannot copy bundle archive {src} into the cache ({copy.parent}): {exc}") from exc
+    return digest.hexdigest()
+
+
+def _record_path(target: Path) -> Path:
+    return target.with_name(target.name + _RECORD)
+
+
+def _owned(path: Path, kind) -> bool:
+    """``path`` itself (not what a symlink points to) is of ``kind`` (stat.S_ISDIR/S_ISREG) and this user's."""
+    try:
+        st = path.lstat()
     except OSError:
-        if (target / MANIFEST).is_file():
+        return False
+    return kind(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+
+
+def _cached(target: Path, fingerprint: str) -> bool:
+    """Whether ``target`` is a valid entry for the archive ``fingerprint``: ours, as its record says, verified.
+
+    Never raises: anything wrong (missing, a symlink, foreign, altered, unreadable) is False, and the caller
+    extracts again."""
+    record_path = _record_path(target)
+    if not _owned(target, stat.S_ISDIR) or not _owned(record_path, stat.S_ISREG):
+        return False
+    try:
+        if record_path.lstat().st_size > _MAX_RECORD_BYTES:
+            return False
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict) or record.get("archive_sha256") != fingerprint:
+            return False
+        expected = record.get("files")
+        if not isinstance(expected, dict) or MANIFEST not in expected:
+            return False
+        found = {}
+        for path in target.rglob("*"):
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                found[path.relative_to(target).as_posix()] = path
+            elif not stat.S_ISDIR(mode):
+                return False  # a symlink or a device planted in the entry
+        if found.keys() != expected.keys():
+            return False
+        if any(found[rel].lstat().st_size != entry.get("bytes") for rel, entry in expected.items()):
+            return False
+        bundle = Bundle.open(target)  # hashes every file the manifest lists
+        listed = {entry.get("path") for entry in bundle.file_entries()}
+        return all(sha256_file(found[rel]) == entry.get("sha256")
+                   for rel, entry in expected.items() if rel == MANIFEST or rel not in listed)
+    except (BundleError, OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
+def _discard(path: Path, src: Path) -> None:
+    """Remove a cache entry (or record) that failed its check: a symlink or file is unlinked (never followed);
+    a directory is first renamed aside, so nobody opens it half-deleted."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BundleError(f"cannot check the bundle cache entry {path} for {src}: {exc}") from exc
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".stale"))
+            try:
+                path.rename(aside / "entry")
+            except FileNotFoundError:  # another process discarded it first
+                pass
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise BundleError(f"the bundle cache entry {path} for {src} is not valid and cannot be removed: {exc}"
+                          ) from exc
+
+
+def _publish(work: Path, target: Path, record: dict, src: Path) -> None:
+    """Write the record, then rename the verified extraction into place; if another process published a valid
+    entry first, keep theirs (it holds the same bytes); whatever else is in the way is discarded."""
+    record_path = _record_path(target)
+    fd, tmp_name = _in_cache(src, target.parent, lambda: tempfile.mkstemp(dir=target.parent, prefix=".",
+                                                                         suffix=".record"))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record, fh, sort_keys=True)
+        for _ in range(3):
+            try:
+                os.replace(tmp_name, record_path)
+                break
+            except OSError:
+                _discard(record_path, src)  # a directory in the way
+        else:
+            raise BundleError(f"cannot write the bundle cache record {record_path} for {src}")
+    except OSError as exc:
+        raise BundleError(f"cannot write the bundle cache record {record_path} for {src}: {exc}") from exc
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)
+    for _ in range(3):
+        try:
+            work.rename(target)
+            return
+        except OSError:
+            pass
+        if _cached(target, record["archive_sha256"]):
             shutil.rmtree(work, ignore_errors=True)
             return
-    shutil.rmtree(target, ignore_errors=True)  # a leftover that is no bundle (not ours: we rename only verified ones)
-    work.rename(target)
+        _discard(target, src)
+    raise BundleError(f"cannot publish the extracted bundle of {src} as {target}: something keeps replacing it")
