@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import json
 import os
 import shutil
 import stat
@@ -45,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from ..autotune import cache_dir
 from ..bundle import MANIFEST, Bundle, sha256_file
 from ..errors import BundleError
+from . import cache as store
 
 SUFFIX = ".edgebundle"
 _CHUNK = 1 << 20
@@ -53,8 +53,6 @@ _MAX_META_HEADER = 64 << 10  # a GNU long name/link or PAX header: tarfile reads
 _META_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
                tarfile.SOLARIS_XHDTYPE)
 _HEADER_BYTES_PER_FILE = 4 << 10  # tar stream bytes allowed per member beyond its data (headers, padding)
-_RECORD = ".record"
-_MAX_RECORD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -122,18 +120,18 @@ def open_archive(path: str | Path, cache_dir: str | Path | None = None, limits: 
         seen = sha256_file(src)
     except OSError as exc:
         raise BundleError(f"cannot read bundle archive {src}: {exc}") from exc
-    if _cached(cache / seen, seen):  # the hit needs no copy: the entry was checked against this very digest
+    if store.valid_entry(cache / seen, seen):  # the hit needs no copy: the entry was checked against this very digest
         return cache / seen
-    _make_private_dirs(cache, src)
-    fd, copy_name = _in_cache(src, cache, lambda: tempfile.mkstemp(dir=cache, prefix=".", suffix=".archive"))
+    store.make_private_dirs(cache, src)
+    fd, copy_name = store.in_cache(src, cache, lambda: tempfile.mkstemp(dir=cache, prefix=".", suffix=".archive"))
     copy = Path(copy_name)
     try:
-        fingerprint = _copy_hashing(src, fd, copy)  # what is extracted below, byte for byte
+        fingerprint = store.copy_hashing(src, fd, copy)  # what is extracted below, byte for byte
         target = cache / fingerprint
-        if fingerprint != seen and _cached(target, fingerprint):  # the file changed since it was hashed
+        if fingerprint != seen and store.valid_entry(target, fingerprint):  # the file changed since it was hashed
             return target
-        _discard(target, src)
-        work = Path(_in_cache(src, cache, lambda: tempfile.mkdtemp(dir=cache, prefix=f".{fingerprint[:16]}.",
+        store.discard(target, src)
+        work = Path(store.in_cache(src, cache, lambda: tempfile.mkdtemp(dir=cache, prefix=f".{fingerprint[:16]}.",
                                                                    suffix=".extracting")))
         try:
             files = _extract(copy, work, limits, shown=src)
@@ -145,7 +143,7 @@ def open_archive(path: str | Path, cache_dir: str | Path | None = None, limits: 
                 raise BundleError(f"archive {src} does not hold a valid bundle: "
                                   f"{str(exc).replace(str(work), src.name)}") from exc
             work.chmod(0o777 & ~_umask())  # mkdtemp made it 0700; the extracted bundle reads like any other folder
-            _publish(work, target, {"archive_sha256": fingerprint, "files": files}, src)
+            store.publish(work, target, {"archive_sha256": fingerprint, "files": files}, src)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -349,150 +347,3 @@ def _over_total(src: Path, size: int, name: str, total: int, allowed: int, limit
         return (f"archive {src}: member {name!r} brings the unpacked size to {total} bytes, over {limits.max_ratio}x "
                 f"the {size}-byte archive (a decompression bomb?)")
     return f"archive {src}: member {name!r} brings the unpacked size to {total} bytes, over the limit of {allowed}"
-
-
-
-
-# -- the cache -----------------------------------------------------------------------
-def _make_private_dirs(cache: Path, src: Path) -> None:
-    """Create ``cache`` and any missing parent as 0700 (``mkdir -p`` would give the parents the umask's mode)."""
-    missing = [d for d in (cache, *cache.parents) if not d.exists()]
-    for d in reversed(missing):
-        try:
-            d.mkdir(mode=0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise BundleError(f"cannot create the bundle cache dir {d} for {src}: {exc}") from exc
-    if not cache.is_dir():
-        raise BundleError(f"the bundle cache dir {cache} is not a directory (for {src})")
-
-
-def _in_cache(src: Path, cache: Path, action):
-    """Run one write in the cache dir; an OSError becomes a BundleError naming the archive and the cache."""
-    try:
-        return action()
-    except OSError as exc:
-        raise BundleError(f"cannot write in the bundle cache dir {cache} for {src}: {exc}") from exc
-
-
-def _copy_hashing(src: Path, fd: int, copy: Path) -> str:
-    """Copy every byte of ``src`` (trailing bytes after the tar end included) to the open ``copy``; its sha256."""
-    digest = hashlib.sha256()
-    try:
-        with open(src, "rb") as raw, os.fdopen(fd, "wb") as out:
-            if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
-                raise BundleError(f"bundle archive {src} is not a regular file")
-            while block := raw.read(_CHUNK):
-                digest.update(block)
-                out.write(block)
-    except OSError as exc:
-        raise BundleError(f"cannot copy bundle archive {src} into the cache ({copy.parent}): {exc}") from exc
-    return digest.hexdigest()
-
-
-def _record_path(target: Path) -> Path:
-    return target.with_name(target.name + _RECORD)
-
-
-def _owned(path: Path, kind) -> bool:
-    """``path`` itself (not what a symlink points to) is of ``kind`` (stat.S_ISDIR/S_ISREG) and this user's."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    return kind(st.st_mode) and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
-
-
-def _cached(target: Path, fingerprint: str) -> bool:
-    """Whether ``target`` is a valid entry for the archive ``fingerprint``: ours, as its record says, verified.
-
-    Never raises: anything wrong (missing, a symlink, foreign, altered, unreadable) is False, and the caller
-    extracts again."""
-    record_path = _record_path(target)
-    if not _owned(target, stat.S_ISDIR) or not _owned(record_path, stat.S_ISREG):
-        return False
-    try:
-        if record_path.lstat().st_size > _MAX_RECORD_BYTES:
-            return False
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or record.get("archive_sha256") != fingerprint:
-            return False
-        expected = record.get("files")
-        if not isinstance(expected, dict) or MANIFEST not in expected:
-            return False
-        found = {}
-        for path in target.rglob("*"):
-            mode = path.lstat().st_mode
-            if stat.S_ISREG(mode):
-                found[path.relative_to(target).as_posix()] = path
-            elif not stat.S_ISDIR(mode):
-                return False  # a symlink or a device planted in the entry
-        if found.keys() != expected.keys():
-            return False
-        if any(found[rel].lstat().st_size != entry.get("bytes") for rel, entry in expected.items()):
-            return False
-        bundle = Bundle.open(target)  # hashes every file the manifest lists
-        listed = {entry.get("path") for entry in bundle.file_entries()}
-        return all(sha256_file(found[rel]) == entry.get("sha256")
-                   for rel, entry in expected.items() if rel == MANIFEST or rel not in listed)
-    except (BundleError, OSError, ValueError, AttributeError, TypeError):
-        return False
-
-
-def _discard(path: Path, src: Path) -> None:
-    """Remove a cache entry (or record) that failed its check: a symlink or file is unlinked (never followed);
-    a directory is first renamed aside, so nobody opens it half-deleted."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise BundleError(f"cannot check the bundle cache entry {path} for {src}: {exc}") from exc
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            aside = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name[:16]}.", suffix=".stale"))
-            try:
-                path.rename(aside / "entry")
-            except FileNotFoundError:  # another process discarded it first
-                pass
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    except OSError as exc:
-        raise BundleError(f"the bundle cache entry {path} for {src} is not valid and cannot be removed: {exc}"
-                          ) from exc
-
-
-def _publish(work: Path, target: Path, record: dict, src: Path) -> None:
-    """Write the record, then rename the verified extraction into place; if another process published a valid
-    entry first, keep theirs (it holds the same bytes); whatever else is in the way is discarded."""
-    record_path = _record_path(target)
-    fd, tmp_name = _in_cache(src, target.parent, lambda: tempfile.mkstemp(dir=target.parent, prefix=".",
-                                                                         suffix=".record"))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record, fh, sort_keys=True)
-        for _ in range(3):
-            try:
-                os.replace(tmp_name, record_path)
-                break
-            except OSError:
-                _discard(record_path, src)  # a directory in the way
-        else:
-            raise BundleError(f"cannot write the bundle cache record {record_path} for {src}")
-    except OSError as exc:
-        raise BundleError(f"cannot write the bundle cache record {record_path} for {src}: {exc}") from exc
-    finally:
-        Path(tmp_name).unlink(missing_ok=True)
-    for _ in range(3):
-        try:
-            work.rename(target)
-            return
-        except OSError:
-            pass
-        if _cached(target, record["archive_sha256"]):
-            shutil.rmtree(work, ignore_errors=True)
-            return
-        _discard(target, src)
-    raise BundleError(f"cannot publish the extracted bundle of {src} as {target}: something keeps replacing it")
