@@ -195,15 +195,24 @@ class Bundle:
             raise BundleError(f"golden file {golden['files'][0]['path']!r} is unreadable: {exc}") from exc
 
 
-def _check_manifest(manifest: Any, where: Path) -> None:
-    """Raise a :class:`BundleError` listing every way ``manifest`` breaks :mod:`edgesdk.bundle_schema`."""
-    bundle_schema.check_manifest(manifest, where)
-
-
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     path = root / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return path
+
+
+def check_replaceable(out: Path, force: bool, marker: str, kind: str, force_hint: str) -> None:
+    """Refuse an output folder that would destroy anything but a previous ``kind`` (one holding ``marker``):
+    a file, or a non-empty folder without ``force``, or a folder that is not a ``kind`` even with it."""
+    from .errors import ConversionError
+
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"output {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConversionError(f"output {out} exists and is not empty ({force_hint})")
+        if not (out / marker).is_file():
+            raise ConversionError(f"output {out} is not {kind} (no {marker}); refusing to replace it")
 
 
 def publish_dir(work: Path, out: Path) -> None:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import edgesdk
-from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle, file_entry, publish_dir, write_manifest
+from edgesdk.bundle import (FORMAT_VERSION, MANIFEST, Bundle, check_replaceable, file_entry, publish_dir,
+                            write_manifest)
 from edgesdk.engines import ENGINE_NAMES, engine_version
 from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
 from edgesdk.preprocess import Preprocess
@@ -221,13 +222,7 @@ def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:
     for item in inputs:
         if isinstance(item, (str, Path)) and Path(item).resolve().is_relative_to(out):
             raise ConversionError(f"output {out} holds the input {item}; write the bundle elsewhere")
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"output {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConversionError(f"output {out} exists and is not empty (pass overwrite=True / --force)")
-        if not (out / MANIFEST).is_file():
-            raise ConversionError(f"output {out} is not a bundle (no {MANIFEST}); refusing to replace it")
+    check_replaceable(out, overwrite, MANIFEST, "a bundle", "pass overwrite=True / --force")
     return out
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..bundle import MANIFEST, Artifact, Bundle, publish_dir, safe_member
+from ..bundle import MANIFEST, Artifact, Bundle, check_replaceable, publish_dir, safe_member
 from ..errors import BundleError, ConversionError
 from .server import BundleSignature
 
@@ -139,13 +139,7 @@ def _check_output(out: Path, bundle: Bundle, force: bool) -> Path:
         raise ConversionError(f"output {out} holds the bundle {source}; write the export elsewhere")
     if out.is_relative_to(source):
         raise ConversionError(f"output {out} is inside the bundle {source}; write the export elsewhere")
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"output {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ConversionError(f"output {out} exists and is not empty (pass --force to replace a previous export)")
-        if not (out / MARKER).is_file():
-            raise ConversionError(f"output {out} is not an edgesdk export (no {MARKER}); refusing to replace it")
+    check_replaceable(out, force, MARKER, "an edgesdk export", "pass --force to replace a previous export")
     return out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import mmap
 import os
 import uuid
 from pathlib import Path
@@ -23,8 +22,6 @@ from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
 CACHE_KIND = "optimized model"
-# How an ONNX tensor points at an external data file (StringStringEntryProto key "location").
-_EXTERNAL_DATA = b"\x0a\x08location"
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
@@ -66,28 +63,21 @@ def _read_verified(path: Path, digest: str) -> bytes | None:
     return data if len(digest) == 32 and hashlib.sha256(data).hexdigest()[:32] == digest else None
 
 
-def _external_data(path: Path) -> bool | None:
-    """Whether the ONNX file points at external data files (None: unreadable). Searched in a memory map: no copy."""
-    try:
-        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            return view.find(_EXTERNAL_DATA) >= 0
-    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
-        return None
-
-
-def _check_external_data(path: Path) -> None:
-    """Refuse a model whose external data lies outside its folder, before ONNX Runtime opens anything.
+def _check_external_data(path: Path) -> list[str] | None:
+    """Refuse a model whose external data lies outside its folder, before ONNX Runtime opens anything; return
+    the locations it names (None: unreadable or not well-formed protobuf, which ONNX Runtime's own load refuses).
 
     A bundle also checks that each file is one it lists (:meth:`~edgesdk.bundle.Bundle.verify`); this covers a
     model opened on its own."""
     try:
         locations = external_data_locations(path)  # read as protobuf: a byte search misses over-long encodings
     except BundleError:
-        return  # not well-formed protobuf: ONNX Runtime's own load refuses it and says why
+        return None
     for location in locations:
         problem = location_problem(path, location)
         if problem:
             raise BundleError(f"{path.name} names external data {location!r}, which {problem}")
+    return locations
 
 
 class OnnxRuntimeEngine(Engine):
@@ -123,7 +113,7 @@ class OnnxRuntimeEngine(Engine):
 
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
-        _check_external_data(self.model_path)
+        self._external_data = _check_external_data(self.model_path)
         provider = self._provider(self.device)
         if self.cache_dir is not None and self.compile_cache(provider):
             self._session = self._open_cached(provider)
@@ -166,7 +156,7 @@ class OnnxRuntimeEngine(Engine):
         never loaded; a new file is written under a temporary name and renamed into place.
         """
         so = self._session_options(provider)
-        if _external_data(self.model_path) is not False:
+        if self._external_data is None or self._external_data:
             # Unreadable (ORT's own load says why), or weights kept in other files (ONNX external data),
             # which are not in the key: not cached.
             self.cache_state = "unavailable"
