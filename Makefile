@@ -15,7 +15,7 @@ CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
 DEVICE_VENV ?= .venv-device
 DEVICE_EXTRAS ?= onnxruntime,trust
 
-.PHONY: setup setup-cloud setup-device demo demo-hybrid test bench fuzz clean
+.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -49,8 +49,19 @@ demo: setup
 demo-hybrid: setup setup-cloud
 	$(PY) samples/digits/hybrid.py --cloud-venv "$(abspath $(CLOUD_VENV))"
 
+# The INT8 tests also run each engine as on the lowest x86 class (AVX2, no AVX-512, no VNNI): ONNX Runtime and
+# XNNPACK under qemu user-mode emulation (tests/isa.py), OpenVINO with ONEDNN_MAX_CPU_ISA. On an x86-64 Debian/Ubuntu
+# machine where we are root, qemu-user is installed here; elsewhere those tests skip and say why.
+setup-isa:
+	@if [ "$$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null && command -v apt-get >/dev/null \
+	    && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing qemu-user (lowest-x86 INT8 tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null) \
+	    || echo "warning: qemu-user could not be installed; the emulated-CPU tests will skip"; \
+	fi
+
 # Two runs: everything in .venv, then the signature tests (marked `trust`) in the device venv.
-test: setup setup-cloud setup-device
+test: setup setup-cloud setup-device setup-isa
 	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q -m "not trust"
 	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/test_trust.py
 

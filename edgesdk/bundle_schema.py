@@ -234,14 +234,21 @@ ARTIFACT = Obj(
 )
 _METRIC = Nullable(Num())
 VALIDATION = Obj(
-    optional={"passed": Bool(), "slower_than_float": Bool(), "effective_precision": Nullable(Str()),
+    optional={"passed": Bool(), "slower_than_float": Bool(), "max_abs_error_cap_exceeded": Bool(),
+              "effective_precision": Nullable(Str()),
               "reference": Nullable(Str()), "samples": Nullable(Int(0, "a non-negative integer")),
               "gate": Nullable(Str()), "max_drop_points": _METRIC,
               **{k: _METRIC for k in ("accuracy", "reference_accuracy", "accuracy_drop_points", "agreement_drop_points",
                                       "golden_agreement_drop_points", "top1_agreement", "golden_agreement",
                                       "cosine_similarity", "max_abs_error", "latency_ms", "latency_ratio",
-                                      "reference_latency_ms")}},
+                                      "reference_latency_ms", "max_abs_error_golden", "max_abs_error_cap")}},
 )
+# Where the validation numbers were measured (edgesdk.cpu.cpu_class): INT8 results depend on the CPU class.
+VALIDATION_MACHINE = Obj(optional={
+    "arch": Nullable(Str()), "vendor": Nullable(Str()), "model": Nullable(Str()),
+    "cpus": Nullable(Int(1, "a positive integer")), "flags": Nullable(MapOf(Bool())), "isa_class": Nullable(Str()),
+    "isa_caps": Nullable(MapOf(Str())),
+})
 _SHARE = Num(0.0, 1.0, "a number in [0, 1]")
 MANIFEST = Obj(
     required={
@@ -264,7 +271,8 @@ MANIFEST = Obj(
                                                 optional={"name": Str()}))),
         })),
         "validation_data": Nullable(Str()),
-        "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str())})),
+        "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str()),
+                                                          "machine": Nullable(VALIDATION_MACHINE)})),
         "golden": Nullable(Obj(required={"files": FILES}, optional={
             "count": Int(0, "a non-negative integer"), "reference": Nullable(Str()), "metric": Str(),
             "tolerance": MapOf(Num(0.0, expected="a non-negative number")),

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cpu import describe
+
 
 def failing_artifacts(manifest: dict[str, Any]) -> list[str]:
+    """Artifacts whose validation entry does not say ``passed: true`` (artifacts without an entry are not listed)."""
     validation = manifest.get("validation") or {}
-    return [aid for aid, m in validation.items() if isinstance(m, dict) and m.get("passed") is not True]
+    return [a["id"] for a in manifest.get("artifacts", [])
+            if isinstance(validation.get(a["id"]), dict) and validation[a["id"]].get("passed") is not True]
 
 
 def _pct(v: Any) -> str:
@@ -39,7 +43,11 @@ def validation_table(manifest: dict[str, Any]) -> str:
         if m.get("slower_than_float"):
             notes.append(f"warning: {art['id']} is slower than its float reference "
                          f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
-        if not m.get("passed"):
+        if m.get("max_abs_error_cap_exceeded"):
+            notes.append(f"FAILED: {art['id']} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}"
+                         f", more than INT8 may be (cap {_num(m.get('max_abs_error_cap'), '.4g')}, a share of the "
+                         f"outputs' range): saturating integer kernels on this CPU, or a broken conversion")
+        elif not m.get("passed"):
             notes.append(f"FAILED: {art['id']} dropped {_num(drop, '.2f')} points ({m.get('gate')}); "
                          f"allowed {m.get('max_drop_points')}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -48,6 +56,9 @@ def validation_table(manifest: dict[str, Any]) -> str:
     data = manifest.get("validation_data")
     if data:
         lines.insert(0, f"validation on {data}; drop = reference minus INT8, in points; ms = p50 at batch 1")
+    machine = validation.get("machine")
+    if isinstance(machine, dict):
+        lines.insert(0, f"measured on {describe(machine)}")
     return "\n".join(lines + notes)
 
 

@@ -11,7 +11,26 @@ from edgesdk.errors import ConversionError
 
 from . import Built
 
-METHOD = "onnxruntime quantize_static QDQ, per-channel int8 weights, uint8 activations (U8S8), MinMax calibration"
+# The quantize_static settings of the INT8 artifact. ``reduce_range`` (7-bit weights) keeps ONNX Runtime's U8S8
+# kernels exact on every CPU: x86 without VNNI (AVX2, AVX-512F) multiplies through VPMADDUBSW, which adds two
+# uint8 x int8 products into a saturating int16 (255 * 127 * 2 > 32767); with weights in [-63, 63] the pair sum
+# fits. VNNI/AMX (int32 accumulation) and ARM (dot products) never saturate; there the cost is one bit of weight
+# precision, which per-channel scales absorb. Measured in benchmarks/int8_isa.py (see METHOD and the README).
+OPTIONS = {"per_channel": True, "reduce_range": True, "activation_type": "QUInt8", "weight_type": "QInt8"}
+
+
+def method(options: dict) -> str:
+    weights = "7-bit (reduce_range)" if options["reduce_range"] else "8-bit"
+    act = "uint8" if options["activation_type"] == "QUInt8" else "int8"
+    wt = "int8" if options["weight_type"] == "QInt8" else "uint8"
+    kind = f"{act[0].upper()}8{wt[0].upper()}8".replace("I", "S")  # U8S8, U8U8, S8S8
+    return (f"onnxruntime quantize_static QDQ, {'per-channel' if options['per_channel'] else 'per-tensor'} {weights} "
+            f"{wt} weights, {act} activations ({kind}), MinMax calibration"
+            + ("; 7-bit weights keep the U8S8 kernels of x86 CPUs without VNNI from saturating"
+               if options["reduce_range"] else ""))
+
+
+METHOD = method(OPTIONS)
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
@@ -38,10 +57,12 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         prepared.unlink(missing_ok=True)
         prepared = fp32
     int8 = out_dir / "model_int8.onnx"
+    options = dict(OPTIONS)  # read at call time: a test may build the saturating variant on purpose
     try:
         quantize_static(
-            str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=options["per_channel"],
+            reduce_range=options["reduce_range"], activation_type=getattr(QuantType, options["activation_type"]),
+            weight_type=getattr(QuantType, options["weight_type"]), calibrate_method=CalibrationMethod.MinMax,
         )
     except Exception as exc:
         raise ConversionError(f"onnxruntime quantize_static failed on {source.name}: {exc}") from exc
@@ -50,7 +71,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             prepared.unlink(missing_ok=True)
     return [
         Built("onnxruntime-fp32", "onnxruntime", "fp32", [fp32], "float reference"),
-        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], METHOD),
+        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], method(options)),
     ]
 
 
