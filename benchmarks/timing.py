@@ -42,19 +42,25 @@ class OtherLoad:
     """CPU time used by other processes while the block runs, in cores (Linux; None elsewhere).
 
     The machine is shared: a run during which others kept a core busy is not comparable to a quiet one.
+    ``children=True`` also counts as its own the child processes this one waited for in the block (a benchmark
+    that runs ``edgesdk bench`` in a subprocess).
     """
 
     cores: float | None = None
 
+    def __init__(self, children: bool = False):
+        self._children = children
+
     def __enter__(self) -> "OtherLoad":
-        self._start = _busy_seconds(), _own_seconds(), time.perf_counter()
+        self._start = _busy_seconds(), _own_seconds(self._children), time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         busy0, own0, t0 = self._start
         busy1 = _busy_seconds()
         if busy0 is not None and busy1 is not None:
-            self.cores = max(0.0, (busy1 - busy0) - (_own_seconds() - own0)) / (time.perf_counter() - t0)
+            own = _own_seconds(self._children) - own0
+            self.cores = max(0.0, (busy1 - busy0) - own) / (time.perf_counter() - t0)
 
     def __str__(self) -> str:
         return "unknown" if self.cores is None else f"{self.cores:.2f} cores"
@@ -70,6 +76,6 @@ def _busy_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_seconds() -> float:
+def _own_seconds(children: bool = False) -> float:
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)

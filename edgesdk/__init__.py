@@ -6,7 +6,8 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 
 from .bundle import Artifact, Bundle
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
-                     CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, InputError, ValidationFailed)
+                     CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, FailedArtifactWarning, InputError,
+                     ValidationFailed)
 from .hybrid import EscalationPolicy, HybridModel, HybridOptions
 from .model import Budgets, Model, Result, RuntimeOptions, Top, load
 from .placement import Placement
@@ -21,5 +22,6 @@ __all__ = [
     "Preprocess", "HybridOptions", "EscalationPolicy", "HybridModel", "Trust",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
     "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
+    "FailedArtifactWarning",
     "__version__",
 ]

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .bundle import Bundle
+from .cpu import cpu_class
 from .engines import Engine, backend_names, engine_version
 
 WARMUP = 5
@@ -32,13 +33,13 @@ def cache_dir() -> Path:
 
 
 def machine_id() -> str:
-    cpu = ""
-    try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{platform.system()}-{platform.machine()}-{cpu or platform.processor()}-{os.cpu_count()}cpu"
+    """The machine a decision was measured on: OS, CPU model and count, and the CPU's integer-kernel flags and ISA
+    caps (:func:`edgesdk.cpu.cpu_class`). Whether INT8 beats float depends on those flags, and a VM's model name
+    ("Intel(R) Xeon(R) Processor") does not tell CPU generations apart."""
+    cls = cpu_class()
+    flags = ",".join(f for f, on in cls["flags"].items() if on) or "none"
+    caps = "".join(f"-{k}={v}" for k, v in sorted(cls["isa_caps"].items()))
+    return f"{platform.system()}-{cls['arch']}-{cls['model']}-{cls['cpus']}cpu-{flags}{caps}"
 
 
 def cache_key(bundle: Bundle, options: dict[str, str] | None = None) -> str:
@@ -50,22 +51,25 @@ def cache_key(bundle: Bundle, options: dict[str, str] | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def lookup(key: str) -> dict[str, Any] | None:
-    path = cache_dir() / "autotune.json"
+def lookup(key: str, name: str = "autotune.json") -> dict[str, Any] | None:
+    """The decision cached under ``key`` in the cache dir's file ``name`` (None: none, or an unreadable file)."""
+    path = cache_dir() / name
     try:
         return json.loads(path.read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None  # no cache, or an unreadable one: measure again
 
 
-def store(key: str, decision: dict[str, Any]) -> None:
-    path = cache_dir() / "autotune.json"
+def store(key: str, decision: dict[str, Any], name: str = "autotune.json") -> None:
+    path = cache_dir() / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             data = {}
+        if not isinstance(data, dict):
+            data = {}  # a file that is not ours: replaced
         data[key] = decision
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1))

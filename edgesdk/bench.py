@@ -18,9 +18,11 @@ threads and memory do not colour the next one's numbers, and the peak RSS is tha
 - **memory**: the child's peak RSS, and the model's memory (RSS growth over the load).
 - the placement's precision and effective precision (what the engine computes in).
 
-``--all`` runs every viable backend and marks the fastest (by single-stream p50). The report is a dict (``--json``
-prints it) whose ``backends`` entries carry ``engine``, ``device``, ``artifact``, ``precision``, ``p50_ms``,
-``p90_ms``, ``p99_ms``, ``queries``, ``throughput``, ``cold_start_ms`` and ``peak_rss_mb``, among others.
+``--all`` runs every viable backend and marks the fastest (by single-stream p50). An artifact that failed its
+validation gate at quantize time is measured only with ``allow_failed`` (CLI ``--allow-failed``), as it is served.
+The report is a dict (``--json`` prints it) whose ``backends`` entries carry ``engine``, ``device``, ``artifact``,
+``precision``, ``p50_ms``, ``p90_ms``, ``p99_ms``, ``queries``, ``throughput``, ``cold_start_ms`` and
+``peak_rss_mb``, among others.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class BenchOptions:
     cold_start: bool = True
     cold_runs: int = 3
     threads: int | None = None
+    allow_failed: bool = False  # measure artifacts that failed their validation gate too (load's allow_failed)
 
     def __post_init__(self):
         if self.scenario not in SCENARIOS:
@@ -106,7 +109,7 @@ def measure_backend(bundle_path: str, engine: str, device: str, artifact: str, o
     x = x[0] if len(x) == 1 else x
     before = rss_mb()
     load = {"engine": engine, "device": device, "artifact": artifact, "require": engine, "policy": "auto",
-            "threads": options.threads}
+            "threads": options.threads, "allow_failed": options.allow_failed}
     model = edgesdk.load(bundle_path, **load)
     model_mb = max(rss_mb() - before, 0.0)
     placement = model.placement
@@ -211,15 +214,19 @@ def _peak_rss_mb() -> float:
 
 # -- the parent: which backends, children, the report -------------------------------------------------------------
 
-def viable_backends(bundle_path: str | Path) -> tuple[list[tuple[str, str, str]], list[dict]]:
-    """Every (engine, device, artifact) that could serve the bundle here, and the artifacts no engine runs."""
+def viable_backends(bundle_path: str | Path,
+                    allow_failed: bool = False) -> tuple[list[tuple[str, str, str]], list[dict]]:
+    """Every (engine, device, artifact) that could serve the bundle here, and the artifacts no engine runs or that
+    failed their validation gate (those are viable with ``allow_failed``)."""
     from .bundle import Bundle
     from .engines import backend_names, discover
-    from .selection import enumerate_candidates
+    from .selection import enumerate_candidates, failed_artifacts, screen_failed
 
     bundle = Bundle.open(bundle_path)
     discoveries = {name: discover(name) for name in backend_names()}
     cands, skipped = enumerate_candidates(bundle, discoveries)
+    cands, refused = screen_failed(cands, failed_artifacts(bundle), allow_failed)
+    skipped += refused
     return [(c.engine, c.device, c.artifact) for c in cands], [s.to_dict() for s in skipped]
 
 
@@ -242,7 +249,7 @@ def bench(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | No
     say = progress or (lambda text: None)
     bundle_path = str(Path(bundle_path).resolve())
     if backends is None:
-        with load(bundle_path) as model:
+        with load(bundle_path, allow_failed=options.allow_failed) as model:
             p = model.placement
             backends = [(p.engine, p.device, p.artifact)]
     rows, failed = [], []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import bundle_schema, external_data
-from .errors import BundleError
+from .errors import BundleError, FailedArtifactWarning
 
 MANIFEST = "manifest.json"
 # Defined with the schema; named here too: the quantizer writes FORMAT_VERSION, platform profiles check the rest.
@@ -160,6 +161,53 @@ class Bundle:
                 return self._artifact(entry)
         ids = ", ".join(a["id"] for a in self.manifest["artifacts"])
         raise BundleError(f"bundle {self.name!r} has no artifact {artifact_id!r} (artifacts: {ids})")
+
+    def failed_gate(self, artifact_id: str) -> str | None:
+        """How ``artifact_id`` failed its validation gate at quantize time (``validation.<id>.passed`` is false),
+        e.g. ``"accuracy drop 1.48 points > max 0.5 at quantize time"``; None when it passed, or has no validation
+        entry (a bundle written before validation was recorded)."""
+        entry = (self.manifest.get("validation") or {}).get(artifact_id)
+        if not isinstance(entry, dict) or entry.get("passed") is not False:
+            return None
+
+        def number(key: str) -> float | None:
+            value = entry.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        gate, limit = entry.get("gate"), number("max_drop_points")
+        drop = number(gate) if isinstance(gate, str) else None
+        failures = []
+        if drop is not None and limit is not None and drop > limit + 1e-9:
+            words = gate.removesuffix("_points").replace("_", " ")  # "accuracy_drop_points" -> "accuracy drop"
+            failures.append(f"{words} {drop:.2f} points > max {limit:g}")
+        error, cap = number("max_abs_error_golden"), number("max_abs_error_cap")
+        if entry.get("max_abs_error_cap_exceeded") is True:
+            failures.append(f"max |error| against the float outputs {error:.4g} > cap {cap:.4g}"
+                            if error is not None and cap is not None else "max |error| above its cap")
+        if not failures:
+            failures.append(f"validation.{artifact_id}.passed is false (gate {gate or 'not recorded'})")
+        return "; ".join(failures) + " at quantize time"
+
+    def servable_artifact(self, artifact_id: str, allow_failed: bool = False) -> Artifact:
+        """The artifact ``artifact_id``, asked for by name to be served. One that failed its validation gate is
+        refused with a :class:`BundleError` naming the gate, unless ``allow_failed`` (then whoever serves it
+        calls :meth:`warn_if_failed`)."""
+        art = self.artifact(artifact_id)
+        gate = self.failed_gate(artifact_id)
+        if gate is not None and not allow_failed:
+            raise BundleError(f"artifact {artifact_id!r} of bundle {self.name!r} failed its validation gate ({gate}); "
+                              "it is served only with allow_failed=True (CLI: --allow-failed), or re-quantize the "
+                              "bundle")
+        return art
+
+    def warn_if_failed(self, artifact_id: str, stacklevel: int = 2) -> None:
+        """Warn (:class:`~edgesdk.errors.FailedArtifactWarning`) when ``artifact_id`` failed its validation gate:
+        called where such an artifact is about to be served, which only ``allow_failed`` lets happen."""
+        gate = self.failed_gate(artifact_id)
+        if gate is not None:
+            warnings.warn(f"serving artifact {artifact_id!r} of bundle {self.name!r}, which failed its validation "
+                          f"gate ({gate}), because allow_failed is set", FailedArtifactWarning,
+                          stacklevel=stacklevel + 1)
 
     def _artifact(self, entry: dict[str, Any]) -> Artifact:
         files = tuple(safe_member(self.root, f["path"]) for f in entry["files"])

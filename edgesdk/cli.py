@@ -281,6 +281,8 @@ def bench(
                                    "662 queries, for a p99)."),
     no_cold: bool = typer.Option(False, "--no-cold-start", help="Skip the cold-start runs (fresh processes)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: the platform profile's)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Measure artifacts that failed their "
+                                      "validation gate at quantize time too (refused otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a latency CDF per backend to this PNG."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
@@ -292,12 +294,13 @@ def bench(
 
     if backend and all_backends:
         raise InputError("give --backend or --all, not both")
-    options = BenchOptions(scenario=scenario, duration_s=duration, cold_start=not no_cold, threads=threads)
+    options = BenchOptions(scenario=scenario, duration_s=duration, cold_start=not no_cold, threads=threads,
+                           allow_failed=allow_failed)
     chosen = None
     if backend:
         chosen = [parse_backend(backend)]
     elif all_backends:
-        chosen, _ = viable_backends(bundle)
+        chosen, _ = viable_backends(bundle, allow_failed)
         if not chosen:
             raise BackendUnavailable("no_candidate", f"no installed engine can run any artifact of {bundle}")
 
@@ -369,6 +372,9 @@ def run(
     engine: Optional[str] = typer.Option(None, "--engine", help="Try this engine first."),
     device: Optional[str] = typer.Option(None, "--device", help="Try this device first (e.g. GPU, CPU, GPU.1)."),
     artifact: Optional[str] = typer.Option(None, "--artifact", help="Try this artifact id first."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Serve an artifact that failed its validation "
+                                      "gate at quantize time (--artifact, or when nothing else serves), with a "
+                                      "warning."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Platform profile name or file (default: detect)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the golden numerics self-check at load."),
     memory_mb: Optional[float] = typer.Option(None, "--memory-mb", help="Memory budget of the process in MB."),
@@ -404,7 +410,8 @@ def run(
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
     hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
-                 profile=profile, check_numerics=not no_check, memory_mb=memory_mb, thermal=governor, **hybrid)
+                 allow_failed=allow_failed, profile=profile, check_numerics=not no_check, memory_mb=memory_mb,
+                 thermal=governor, **hybrid)
     results: list = []
     with model:
         for p in inputs:
@@ -449,6 +456,10 @@ def run(
     if pl is not None:
         print(f"placement: {pl}")
         print(f"  numerics: {pl.numerics}")
+        choice = pl.precision_choice
+        if choice:  # edgesdk.precision_choice: was INT8 faster than FP32 here?
+            seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"
+            print(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; {choice['method']})")
         mem = device_model.budget.get("memory", {})
         switched = device_model.budget.get("action") == "artifact_switched"
         print(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
@@ -483,6 +494,8 @@ def serve(
     bundle: Path = typer.Argument(..., help="Bundle directory."),
     artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
                                            "accurate float artifact whose engine is installed)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Serve an --artifact that failed its "
+                                      "validation gate at quantize time, with a warning."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="HTTP port."),
 ) -> None:
@@ -492,7 +505,7 @@ def serve(
     Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
     from .cloud.server import serve as serve_bundle
 
-    serve_bundle(bundle, artifact=artifact, host=host, port=port)
+    serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed)
 
 
 export_app = typer.Typer(
@@ -517,13 +530,15 @@ def export_kserve(
                                         "edgesdk-<bundle name>:<bundle version>)."),
     artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
                                            "accurate float artifact)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Export an --artifact that failed its "
+                                      "validation gate at quantize time (the image serves it with --allow-failed)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
 ) -> None:
     """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
     (V2 protocol, port 8080) and a README with the build, push and apply commands."""
     from .cloud.export import export_kserve as run_export
 
-    result = run_export(bundle, out, image=image, artifact=artifact, force=force)
+    result = run_export(bundle, out, image=image, artifact=artifact, force=force, allow_failed=allow_failed)
     _print_export(result, "KServe deployment")
     print(f"next: {result.out / 'README.md'} (docker build, docker push, kubectl apply)")
 
@@ -534,6 +549,8 @@ def export_triton(
     out: Path = typer.Argument(..., help="Folder to write (new or empty): the Triton model repository."),
     artifact: Optional[str] = typer.Option(None, "--artifact", help="ONNX Runtime artifact id (default: the "
                                            "onnxruntime fp32 artifact)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Export an --artifact that failed its "
+                                      "validation gate at quantize time."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
 ) -> None:
     """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, max_batch_size 0, the
@@ -541,7 +558,8 @@ def export_triton(
     Needs onnxruntime here, to read those names."""
     from .cloud.export import export_triton as run_export
 
-    _print_export(run_export(bundle, out, artifact=artifact, force=force), "Triton model repository")
+    _print_export(run_export(bundle, out, artifact=artifact, force=force, allow_failed=allow_failed),
+                  "Triton model repository")
 
 
 def _backend(placement) -> str:
@@ -572,8 +590,28 @@ def _converters():
     return quantize
 
 
+def _show_failed_artifact_warnings() -> None:
+    """Print every :class:`FailedArtifactWarning` (an artifact that failed its validation gate served under
+    --allow-failed) as one ``warning: ...`` line on stderr, each time; other warnings show as Python shows them."""
+    import warnings
+
+    from .errors import FailedArtifactWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, FailedArtifactWarning):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", FailedArtifactWarning)
+
+
 def main() -> None:
     """Entry point: usage errors are click's (exit 2); edgesdk errors print one line, never a traceback."""
+    _show_failed_artifact_warnings()
     try:
         app()  # standalone mode: click reports usage errors itself and exits 2
     except ValidationFailed as exc:

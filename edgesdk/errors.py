@@ -3,7 +3,8 @@
 ::
 
     EdgeSDKError
-     +-- BundleError            a bundle is missing, malformed, tampered with, or escapes its folder
+     +-- BundleError            a bundle is missing, malformed, tampered with, or escapes its folder; an artifact
+     |                          asked for by id is not in it, or failed its validation gate (without allow_failed)
      +-- InputError             bad request data (shape, dtype, missing input, unreadable image)
      +-- BackendUnavailable     no engine/device can serve the artifact (carries a machine-readable reason)
      +-- BudgetExceeded         serving would break a memory or thermal budget (reason "memory" / "thermal")
@@ -14,6 +15,9 @@
       +-- CloudTimeout      the call's deadline passed
       +-- CloudUnavailable  unreachable, overloaded (429/5xx after retries), circuit open or retry budget spent
       +-- CloudRejected     the server refused the request (4xx); ``detail`` is the server's own message
+
+    UserWarning
+     +-- FailedArtifactWarning  an artifact that failed its validation gate is served (``allow_failed=True``)
 
 Engine exceptions are translated at the engine boundary into this tree, with the
 original chained (``raise ... from exc``).
@@ -27,7 +31,9 @@ class EdgeSDKError(Exception):
 
 
 class BundleError(EdgeSDKError):
-    """A bundle cannot be trusted or read: missing/altered file, bad manifest, path escape."""
+    """A bundle cannot be trusted or read: missing/altered file, bad manifest, path escape. Also an artifact asked
+    for by id that the bundle does not have, or whose validation gate failed at quantize time (the bundle itself
+    says it must not be served; ``allow_failed=True`` overrides that)."""
 
 
 class InputError(EdgeSDKError):
@@ -38,7 +44,7 @@ class BackendUnavailable(EdgeSDKError):
     """No backend can serve the request.
 
     ``reason`` is machine-readable (``engine_missing``, ``device_missing``,
-    ``compile_failed``, ``unsupported_artifact`` ...); ``detail`` is for humans.
+    ``compile_failed``, ``unsupported_artifact``, ``validation_failed`` ...); ``detail`` is for humans.
     """
 
     def __init__(self, reason: str, detail: str):
@@ -110,3 +116,8 @@ class CloudUnavailable(CloudError):
 
 class CloudRejected(CloudError):
     """The server refused the request (a 4xx other than 429): retrying would not help."""
+
+
+class FailedArtifactWarning(UserWarning):
+    """An artifact whose ``validation.<id>.passed`` is false is being served, because the caller passed
+    ``allow_failed=True`` (CLI ``--allow-failed``): its outputs may be wrong by more than its gate allowed."""

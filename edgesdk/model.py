@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import autotune, memory, numerics, selection
+from . import autotune, memory, numerics, precision_choice, selection
 from .bundle import Bundle
 from .engines import Engine, backend_names, discover, open_engine
 from .engines.base import PERFORMANCE
@@ -66,6 +66,13 @@ class RuntimeOptions:
     out is skipped with reason ``isolated_probe_failed`` and is never opened in this process; when no other
     candidate serves, load raises :class:`BundleError` naming the artifact, the signal and the child's last
     stderr lines. It costs a Python start, the engine's import and one model load per candidate tried.
+
+    An artifact whose validation gate failed at quantize time (the manifest's ``validation.<id>.passed`` is
+    false) is never served by default: it is skipped with reason ``validation_failed``, naming the gate; asked
+    for by ``artifact`` it raises :class:`BundleError`; when nothing else can serve, load raises
+    :class:`BackendUnavailable` with reason ``validation_failed``. ``allow_failed=True`` lets such artifacts
+    serve (a named one first, others only after every artifact that passed) and warns with
+    :class:`~edgesdk.errors.FailedArtifactWarning` when one is loaded. A thermal budget never switches to one.
     """
 
     policy: str = "auto"
@@ -80,6 +87,7 @@ class RuntimeOptions:
     cache_dir: str | Path | None = None
     trust: Trust | None = None
     isolate: bool = False
+    allow_failed: bool = False
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
 
@@ -154,6 +162,9 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
             error = exc
     # Opened (and verified) once: the device model's, else here.
     bundle = device.bundle if device is not None else Bundle.open(bundle_dir(path, opts.trust))
+    if error is not None and opts.artifact is not None and not opts.allow_failed \
+            and bundle.failed_gate(opts.artifact) is not None:
+        raise error  # a failed artifact asked for by name is a misuse to fix, not something for the cloud to cover
     cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
     return HybridModel(bundle, device, error, hyb, cloud, owns_cloud=owns)
 
@@ -180,6 +191,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     if opts.threads is not None and (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
                                      or not 1 <= opts.threads <= 256):
         raise InputError(f"threads must be an integer from 1 to 256, got {opts.threads!r}")
+    if not isinstance(opts.allow_failed, bool):
+        raise InputError(f"allow_failed must be True or False, got {opts.allow_failed!r}")
     if opts.performance not in PERFORMANCE:
         raise InputError(f"performance must be one of {', '.join(PERFORMANCE)}, got {opts.performance!r}")
     engine_options = {"performance": opts.performance, "cache_dir": opts.cache_dir}
@@ -187,7 +200,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
         raise InputError(f"unknown engine {opts.engine!r} (engines: {', '.join(backend_names())})")
     bundle = Bundle.open(bundle_dir(path, opts.trust))
     if opts.artifact is not None:
-        bundle.artifact(opts.artifact)  # an unknown id is a BundleError naming the known ones
+        # An unknown id, or one that failed its validation gate (without allow_failed), is a BundleError.
+        bundle.servable_artifact(opts.artifact, opts.allow_failed)
     discoveries = {name: discover(name) for name in backend_names()}
     profile, _why = _profile(opts.profile, discoveries)
     threads = opts.threads or getattr(profile, "threads", None)
@@ -209,8 +223,12 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     ordered = selection.order(cands, opts.policy, profile, engine=opts.engine, device=opts.device,
                               artifact=opts.artifact)
     eligible = [c for c in ordered if selection.meets(c, opts.require)]
+    failed_gates = selection.failed_artifacts(bundle)
+    eligible, refused = selection.screen_failed(eligible, failed_gates, opts.allow_failed)
+    skipped += refused
     if opts.require is not None and not eligible:
-        raise _unmet(opts.require, discoveries, skipped)
+        raise _every_artifact_failed(bundle, skipped, opts.require, unverified) or \
+            _unmet(opts.require, discoveries, skipped)
 
     decision = None
     if opts.policy == "autotune":
@@ -230,6 +248,17 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             eligible = [c for c in eligible if c not in failed]  # recorded by the timing walk already
             eligible.sort(key=lambda c: c.label() != decision["candidate"])
 
+    # Allowed artifacts that failed their gate are the last resort, unless one was asked for by name.
+    eligible.sort(key=lambda c: c.artifact in failed_gates and c.artifact != opts.artifact)
+
+    # Is INT8 really faster here (edgesdk.precision_choice)? A cached decision orders the candidates now; an INT8
+    # candidate without one is timed against its FP32 rival once both are loaded, in the walk below.
+    choose_precision = precision_choice.applies(opts.policy, opts.artifact)
+    known_choices: dict[str, dict] = {}
+    if choose_precision:
+        eligible, known_choices = precision_choice.arrange(bundle, eligible, threads, opts.performance,
+                                                           barred=failed_gates)
+
     budget_mb = opts.budgets.memory_mb
     if budget_mb is None and profile is not None:
         budget_mb = profile.memory.get("budget_mb")  # the device family's default, where it has one
@@ -239,76 +268,146 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     costs = memory.CostBook()
     over_budget: list[BudgetExceeded] = []
     failed_devices: dict[tuple[str, str], Skip] = {}
-    for cand in eligible:
-        if (cand.engine, cand.device) in failed_devices:
-            first = failed_devices[(cand.engine, cand.device)]
-            skipped.append(Skip(cand, first.reason, f"{first.detail} (as for {first.candidate.artifact})"))
-            continue
-        art = bundle.artifact(cand.artifact)
-        cost_key = memory.CostBook.key(art.entry["files"][0]["sha256"], cand.engine, cand.device)
-        expected, measured = costs.expected_mb(cost_key, sum(f["bytes"] for f in art.entry["files"]), cand.engine)
-        try:
-            memory.check_fits(cand.label(), expected, limit, in_use_mb())
-        except BudgetExceeded as exc:
-            over_budget.append(exc)
-            skipped.append(Skip(cand, "memory", exc.detail))
-            continue
-        before = memory.rss_mb()
-        try:
-            engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
-        except BackendUnavailable as exc:
-            skip = Skip(cand, exc.reason, exc.detail)
-            skipped.append(skip)
-            if exc.reason == "device_missing":
-                failed_devices[(cand.engine, cand.device)] = skip
-                if (cand.engine, cand.device) in unverified:
-                    autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
-            continue
-        measured_now = max(memory.rss_mb() - before, sum(f["bytes"] for f in art.entry["files"]) / memory.MB)
-        # Only a cold load (the engine's first in this process) shows the full cost, libraries included;
-        # a warm one grows the RSS less (pages reused), so it does not overwrite what was learned.
-        if cand.engine not in _ENGINES_LOADED or not measured:
-            costs.remember(cost_key, measured_now)
-        _ENGINES_LOADED.add(cand.engine)
-        cost = costs.expected_mb(cost_key, 0, cand.engine)[0]  # what this model is charged
-        budget = {"memory": {"limit_mb": round(limit.limit_mb, 1), "source": limit.source,
-                             "model_mb": round(cost, 2), "expected_mb": round(expected, 2),
-                             "expected_was_measured": measured},
-                  "action": "artifact_switched" if over_budget else None}
-        placement = Placement(
-            engine=cand.engine, device=cand.device, kind=cand.kind, artifact=cand.artifact,
-            precision=cand.precision, executing=engine.executing, effective_precision=engine.effective_precision,
-            fully_accelerated=engine.fully_accelerated, numerics=check, policy=opts.policy,
-            profile=getattr(profile, "name", None), skipped=skipped, autotune=decision)
-        try:
-            alternatives = []
-            if opts.budgets.thermal is not None:  # where a hot device may move it
-                failed = {s.candidate for s in skipped} | {cand}
-                alternatives = _fitting([c for c in eligible if c not in failed], bundle, costs, limit,
-                                        in_use_mb(), cand)
-            return Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal, cost_mb=cost,
-                         threads=threads, alternatives=alternatives, check_numerics=opts.check_numerics,
-                         engine_options=engine_options)
-        except BaseException:
-            engine.close()
-            raise
+    held: tuple[Model, Candidate] | None = None  # a loaded INT8 model and its FP32 rival, loaded next
+    queue = list(eligible)
+    try:
+        while queue:
+            cand = queue.pop(0)
+            if held is not None and cand != held[1]:
+                break  # the rival did not load
+            if (cand.engine, cand.device) in failed_devices:
+                first = failed_devices[(cand.engine, cand.device)]
+                skipped.append(Skip(cand, first.reason, f"{first.detail} (as for {first.candidate.artifact})"))
+                continue
+            art = bundle.artifact(cand.artifact)
+            cost_key = memory.CostBook.key(art.entry["files"][0]["sha256"], cand.engine, cand.device)
+            file_bytes = sum(f["bytes"] for f in art.entry["files"])
+            expected, measured = costs.expected_mb(cost_key, file_bytes, cand.engine)
+            try:
+                memory.check_fits(cand.label(), expected, limit, in_use_mb())
+            except BudgetExceeded as exc:
+                over_budget.append(exc)
+                skipped.append(Skip(cand, "memory", exc.detail))
+                continue
+            before = memory.rss_mb()
+            try:
+                engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
+            except BackendUnavailable as exc:
+                skip = Skip(cand, exc.reason, exc.detail)
+                skipped.append(skip)
+                if exc.reason == "device_missing":
+                    failed_devices[(cand.engine, cand.device)] = skip
+                    if (cand.engine, cand.device) in unverified:
+                        autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
+                continue
+            measured_now = max(memory.rss_mb() - before, file_bytes / memory.MB)
+            # Only a cold load (the engine's first in this process) shows the full cost, libraries included;
+            # a warm one grows the RSS less (pages reused), so it does not overwrite what was learned.
+            if cand.engine not in _ENGINES_LOADED or not measured:
+                costs.remember(cost_key, measured_now)
+            _ENGINES_LOADED.add(cand.engine)
+            cost = costs.expected_mb(cost_key, 0, cand.engine)[0]  # what this model is charged
+            budget = {"memory": {"limit_mb": round(limit.limit_mb, 1), "source": limit.source,
+                                 "model_mb": round(cost, 2), "expected_mb": round(expected, 2),
+                                 "expected_was_measured": measured},
+                      "action": "artifact_switched" if over_budget else None}
+            placement = Placement(
+                engine=cand.engine, device=cand.device, kind=cand.kind, artifact=cand.artifact,
+                precision=cand.precision, executing=engine.executing,
+                effective_precision=engine.effective_precision, fully_accelerated=engine.fully_accelerated,
+                numerics=check, policy=opts.policy,
+                profile=getattr(profile, "name", None), skipped=skipped, autotune=decision,
+                precision_choice=precision_choice.shown(cand, known_choices))
+            try:
+                alternatives = []
+                if opts.budgets.thermal is not None:  # where a hot device may move it
+                    failed = {s.candidate for s in skipped} | {cand}
+                    # Never onto an artifact that failed its validation gate: allow_failed admits what load serves,
+                    # not a silent switch later.
+                    alternatives = _fitting([c for c in eligible if c not in failed
+                                             and c.artifact not in failed_gates], bundle, costs, limit,
+                                            in_use_mb(), cand)
+                bundle.warn_if_failed(cand.artifact, stacklevel=3)  # only allow_failed gets here with one
+                model = Model(bundle, engine, placement, budget=budget, thermal=opts.budgets.thermal,
+                              cost_mb=cost, threads=threads, alternatives=alternatives,
+                              check_numerics=opts.check_numerics, engine_options=engine_options)
+            except BaseException:
+                engine.close()
+                raise
+            if held is not None:
+                return _faster(bundle, held, (model, cand), threads, opts.performance)
+            rival = precision_choice.rival(cand, queue, known_choices, failed_gates) if choose_precision else None
+            if rival is None:
+                return model
+            held = (model, rival)  # load the rival next, then time the two
+            queue.remove(rival)
+            queue.insert(0, rival)
+        if held is not None:  # the rival did not load: the INT8 model serves
+            model, rival = held
+            model.placement.precision_choice = precision_choice.unmeasured(model.placement, rival, skipped)
+            return model
+    except BaseException:
+        if held is not None:
+            held[0].close()
+        raise
     # Memory is the answer when every candidate that exists here was ruled out by the budget.
-    absent = ("memory", "device_missing", "engine_missing")
+    absent = ("memory", "device_missing", "engine_missing", "validation_failed")
     if over_budget and all(s.reason in absent for s in skipped if selection.meets(s.candidate, opts.require)):
         cheapest = min(over_budget, key=lambda e: e.needed)
         raise BudgetExceeded("memory", f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
                              needed=cheapest.needed, available=cheapest.available)
+    every_failed = _every_artifact_failed(bundle, skipped, opts.require, unverified)
+    if every_failed is not None:
+        raise every_failed
     tried = [s for s in skipped if selection.meets(s.candidate, opts.require)]
     crashed = [s for s in tried if s.reason == "isolated_probe_failed"]
     if crashed:  # a file that kills its engine is the bundle's fault, whatever else failed
         raise BundleError(f"bundle {bundle.name!r}: {crashed[0].candidate.artifact} failed its isolated probe and no "
                           f"other candidate serves: " + "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})"
                                                                   for s in tried))
-    first = tried[0] if tried else None
+    first = next((s for s in tried if s.reason != "validation_failed"), tried[0] if tried else None)
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
     raise BackendUnavailable(first.reason if first else "no_candidate",
                              f"no backend can serve {bundle.name!r}"
                              f"{' under require=' + repr(opts.require) if opts.require else ''}: {detail}")
+
+
+def _every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | None,
+                           unverified: set[tuple[str, str]]) -> BackendUnavailable | None:
+    """The error when what stopped every candidate (under ``require``) is that its artifact failed its validation
+    gate: the others found no engine or device here. None when anything else stopped one, or when the failed ones
+    would have found no device either (a device found missing, or one only a probe could confirm)."""
+    tried = [s for s in skipped if selection.meets(s.candidate, require)]
+    missing = {(s.candidate.engine, s.candidate.device) for s in skipped if s.reason == "device_missing"} | unverified
+    refused = [s for s in tried if s.reason == "validation_failed"
+               and (s.candidate.engine, s.candidate.device) not in missing]
+    if not refused or any(s.reason not in ("validation_failed", "engine_missing", "device_missing") for s in tried):
+        return None
+    gates = "; ".join(f"{aid}: {gate}" for aid, gate in {s.candidate.artifact: s.detail for s in refused}.items())
+    return BackendUnavailable(
+        "validation_failed",
+        f"every artifact of {bundle.name!r} that could serve here{' under require=' + repr(require) if require else ''}"
+        f" failed its validation gate ({gates}); re-quantize the bundle (edgesdk quantize, with more representative "
+        f"calibration data or another --max-drop) or pass allow_failed=True (CLI: --allow-failed) to serve one anyway")
+
+
+def _faster(bundle: Bundle, held: tuple[Model, Candidate], loaded: tuple[Model, Candidate], threads: int | None,
+            performance: str) -> Model:
+    """Time a loaded INT8 model against its loaded FP32 rival (:mod:`edgesdk.precision_choice`); return the one that
+    serves, with its placement saying why, and close the other. The caller closes the INT8 one if this raises."""
+    (int8, _), (fp32, fp32_cand) = held, loaded
+    try:
+        choice = precision_choice.measure(bundle, int8.placement, int8._engine, fp32_cand, fp32._engine, threads,
+                                          performance)
+    except Exception as exc:  # an engine that fails here (check_numerics=False) fails at predict too: INT8 serves
+        choice = precision_choice.unmeasured(int8.placement, fp32_cand, [], f"timing failed: {exc}")
+    except BaseException:
+        fp32.close()
+        raise
+    keep, drop = (fp32, int8) if choice["chosen"] == "fp32" else (int8, fp32)
+    drop.close()
+    keep.placement.precision_choice = choice
+    return keep
 
 
 def _fitting(cands: list[Candidate], bundle: Bundle, costs: memory.CostBook, limit: memory.MemoryLimit,

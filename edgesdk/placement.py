@@ -39,7 +39,9 @@ class Placement:
     ``device`` is what was asked of the engine; ``executing`` is what the engine reports
     running on (OpenVINO EXECUTION_DEVICES, the ORT session's providers, LiteRT's device),
     ``fully_accelerated`` is LiteRT's own verdict for GPU/NPU. ``numerics`` is the golden
-    self-check result.
+    self-check result. ``precision_choice`` is the INT8-against-FP32 timing of
+    :mod:`edgesdk.precision_choice` (``int8``/``fp32`` candidates, ``int8_ms``, ``fp32_ms``, ``ratio``,
+    ``pairs``, ``int8_slower_in``, ``chosen``, ``cached``, ``method``); None when no such choice was made.
     """
 
     engine: str
@@ -55,6 +57,7 @@ class Placement:
     profile: str | None
     skipped: list[Skip] = field(default_factory=list)
     autotune: dict[str, Any] | None = None
+    precision_choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -54,11 +54,13 @@ def validation_table(manifest: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     data = manifest.get("validation_data")
-    if data:
-        lines.insert(0, f"validation on {data}; drop = reference minus INT8, in points; ms = p50 at batch 1")
     machine = validation.get("machine")
-    if isinstance(machine, dict):
-        lines.insert(0, f"measured on {describe(machine)}")
+    where = f"measured on {describe(machine)}" if isinstance(machine, dict) else None
+    if data:
+        lines.insert(0, f"validation on {data}{', ' + where if where else ''}; drop = reference minus INT8, in points; "
+                        f"ms = p50 at batch 1")
+    elif where:
+        lines.insert(0, where)
     return "\n".join(lines + notes)
 
 

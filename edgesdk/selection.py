@@ -4,6 +4,7 @@ A candidate is (backend, device, artifact). Policies order them:
 
 =================  ==================================================================
 ``auto``           the platform profile's device order (default NPU > GPU > CPU), INT8 before FP32
+                   (unless measured slower here: :mod:`edgesdk.precision_choice`)
 ``prefer-npu``     NPU > GPU > CPU, probing again devices an earlier probe found missing
 ``prefer-gpu``     GPU > NPU > CPU, likewise
 ``cpu-only``       CPU candidates only
@@ -13,6 +14,10 @@ A candidate is (backend, device, artifact). Policies order them:
 
 Within a device kind, engines follow the profile's order. Explicit ``engine``/``device``/
 ``artifact`` choices go first; without ``require`` the others remain as fallbacks.
+
+An artifact whose validation gate failed at quantize time (``validation.<id>.passed`` false) is never a
+candidate: it is skipped with reason ``validation_failed`` (see :func:`screen_failed`). ``allow_failed``
+lets it back in, after every artifact that passed, unless it was named explicitly.
 """
 
 from __future__ import annotations
@@ -77,6 +82,22 @@ def enumerate_candidates(bundle: Bundle, discoveries: dict[str, Discovery], devi
             skips.append(Skip(Candidate(art.engine, "-", "-", art.id, art.precision), "engine_missing",
                               f"no installed engine runs {art.engine} artifacts"))
     return cands, skips
+
+
+def failed_artifacts(bundle: Bundle) -> dict[str, str]:
+    """{artifact id: how it failed} for the bundle's artifacts that failed their validation gate at quantize time."""
+    gates = {a["id"]: bundle.failed_gate(a["id"]) for a in bundle.manifest["artifacts"]}
+    return {aid: gate for aid, gate in gates.items() if gate is not None}
+
+
+def screen_failed(cands: list[Candidate], failed: dict[str, str],
+                  allow_failed: bool) -> tuple[list[Candidate], list[Skip]]:
+    """Split off the candidates whose artifact is in ``failed`` (from :func:`failed_artifacts`) as skips with reason
+    ``validation_failed``; with ``allow_failed`` they all stay (the caller tries them after the others)."""
+    if allow_failed:
+        return cands, []
+    kept = [c for c in cands if c.artifact not in failed]
+    return kept, [Skip(c, "validation_failed", failed[c.artifact]) for c in cands if c.artifact in failed]
 
 
 def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str | None = None,

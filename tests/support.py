@@ -44,6 +44,19 @@ def rehash(bundle_dir: Path) -> None:
     path.write_text(json.dumps(manifest, indent=2))
 
 
+def fail_validation(bundle_dir: Path, *artifact_ids: str, drop: float = 1.48, max_drop: float = 0.5) -> None:
+    """Record in a bundle's manifest that ``artifact_ids`` failed their validation gate (``drop`` points against
+    ``max_drop``), as ``edgesdk quantize --max-drop`` writes it. The manifest is not checksummed: no rehash needed."""
+    import json
+
+    path = bundle_dir / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for aid in artifact_ids:
+        entry = manifest["validation"][aid]
+        entry.update({"passed": False, entry["gate"]: drop, "max_drop_points": max_drop})
+    path.write_text(json.dumps(manifest, indent=2))
+
+
 def digits_pixels_to_input(pixels: np.ndarray) -> np.ndarray:
     """The digits preprocessing written out with numpy: (pixel / 255 - 0.5) / 0.5 -> N x 1 x 8 x 8."""
     x = (pixels.astype(np.float32) / 255.0 - 0.5) / 0.5

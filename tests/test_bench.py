@@ -12,6 +12,7 @@ import pytest
 
 from edgesdk.bench import MIN_QUERIES_P90, MIN_QUERIES_P99, BenchOptions, latency_summary, parse_backend, percentile
 from edgesdk.errors import InputError
+from support import fail_validation
 
 EDGESDK = str(Path(sys.executable).parent / "edgesdk")
 
@@ -124,6 +125,25 @@ def test_an_unknown_backend_is_reported_not_crashed(digits_bundle):
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     out = json.loads(proc.stdout)
     assert out["backends"] == [] and "no-such-artifact" in out["failed"][0]["detail"]
+
+
+def test_a_failed_artifact_is_measured_only_with_allow_failed(bundle_copy):
+    from edgesdk.bench import viable_backends
+
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    viable, skipped = viable_backends(bundle_copy)
+    assert "onnxruntime-int8" not in {aid for _, _, aid in viable}
+    assert {(s["artifact"], s["reason"]) for s in skipped} >= {("onnxruntime-int8", "validation_failed")}
+    assert "onnxruntime-int8" in {aid for _, _, aid in viable_backends(bundle_copy, allow_failed=True)[0]}
+    backend = "onnxruntime:CPUExecutionProvider:onnxruntime-int8"
+    proc = run_bench(str(bundle_copy), "--backend", backend, "--duration", "0.1", "--no-cold-start", "--json")
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
+    failed = json.loads(proc.stdout)["failed"][0]
+    assert failed["reason"] == "BundleError" and "failed its validation gate" in failed["detail"]
+    proc = run_bench(str(bundle_copy), "--backend", backend, "--scenario", "single-stream", "--duration", "0.1",
+                     "--no-cold-start", "--allow-failed", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["artifact"] for r in json.loads(proc.stdout)["backends"]] == ["onnxruntime-int8"]
 
 
 def test_offline_tries_openvinos_throughput_mode_and_reports_the_setting(digits_bundle):

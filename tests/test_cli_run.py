@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from edgesdk.profiles import load_profile
+from support import fail_validation
 
 SCRIPT = Path(sys.executable).parent / "edgesdk"
 ENGINES = {"litert": "ai-edge-litert", "openvino": "openvino", "onnxruntime": "onnxruntime"}
@@ -120,3 +121,51 @@ def test_run_bad_image(run_cli, digits_bundle, tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "error: InputError: " in proc.stderr and "x.png is not a readable image" in proc.stderr
+
+
+# -- artifacts that failed their validation gate -----------------------------------------------------------
+
+GATE = "accuracy drop 1.48 points > max 0.5 at quantize time"
+
+
+@pytest.fixture
+def failed_int8(bundle_copy):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    return bundle_copy
+
+
+def test_run_never_serves_a_failed_artifact_by_default(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--engine", "onnxruntime", "--json")
+    assert proc.returncode == 0, proc.stderr
+    pl = json.loads(proc.stdout)["placement"]
+    assert (pl["engine"], pl["artifact"]) == ("onnxruntime", "onnxruntime-fp32")
+    refused = [s for s in pl["skipped"] if s["reason"] == "validation_failed"]
+    assert refused and {s["artifact"] for s in refused} == {"onnxruntime-int8"} and refused[0]["detail"] == GATE
+    assert "warning:" not in proc.stderr
+
+
+def test_run_artifact_alone_refuses_a_failed_artifact_exit_2_naming_allow_failed(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--artifact", "onnxruntime-int8")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: BundleError: artifact 'onnxruntime-int8' of bundle 'digits' failed its "
+                           f"validation gate ({GATE})")
+    assert "--allow-failed" in line
+
+
+def test_run_allow_failed_serves_it_and_warns_on_stderr(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--artifact", "onnxruntime-int8", "--allow-failed", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["placement"]["artifact"] == "onnxruntime-int8"
+    assert f"warning: serving artifact 'onnxruntime-int8' of bundle 'digits', which failed its validation gate " \
+           f"({GATE}), because allow_failed is set" in proc.stderr.splitlines()
+
+
+def test_run_when_every_artifact_failed_exits_3_with_the_reason(run_cli, bundle_copy, images):
+    fail_validation(bundle_copy, *(a["id"] for a in json.loads((bundle_copy / "manifest.json").read_text())
+                                   ["artifacts"]))
+    proc = run_cli("run", bundle_copy, images[0])
+    assert proc.returncode == 3, proc.stderr
+    assert "reason: validation_failed" in proc.stderr.splitlines()
+    assert "re-quantize the bundle" in proc.stderr and "--allow-failed" in proc.stderr

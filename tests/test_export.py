@@ -22,7 +22,8 @@ from cloud_server import CloudServer, cloud_venv
 from edgesdk import Bundle
 from edgesdk.bundle import sha256_file
 from edgesdk.cloud.export import MARKER, export_kserve, export_triton
-from edgesdk.errors import BundleError, ConversionError
+from edgesdk.errors import BundleError, ConversionError, FailedArtifactWarning
+from support import fail_validation
 
 SCRIPT = Path(sys.executable).with_name("edgesdk")
 ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
@@ -396,3 +397,52 @@ def test_triton_refuses_to_replace_a_kserve_folder_of_the_users_own_but_replaces
     out = tmp_path / "kserve-copy"
     shutil.copytree(kserve_out[0], out)
     assert list(export_triton(digits_bundle.bundle, out, force=True).entries) == [MARKER, "README.md", "digits/"]
+
+
+# -- artifacts that failed their validation gate ---------------------------------------------------------------
+
+GATE = "accuracy drop 1.48 points > max 0.5 at quantize time"
+
+
+@pytest.mark.parametrize("kind", ["kserve", "triton"])
+def test_a_failed_artifact_is_refused_without_allow_failed_exit_2(bundle_copy, tmp_path, kind):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    out = tmp_path / "out"
+    proc = edgesdk("export", kind, bundle_copy, out, "--artifact", "onnxruntime-int8")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: BundleError: artifact 'onnxruntime-int8' of bundle 'digits' failed its "
+                                   f"validation gate ({GATE}); it is served only with allow_failed=True (CLI: "
+                                   f"--allow-failed), or re-quantize the bundle")
+    assert not out.exists()
+
+
+def test_kserve_exports_a_failed_artifact_with_allow_failed_and_the_image_serves_it_so(bundle_copy, tmp_path):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    proc = edgesdk("export", "kserve", bundle_copy, tmp_path / "out", "--artifact", "onnxruntime-int8",
+                   "--allow-failed")
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: serving artifact 'onnxruntime-int8' of bundle 'digits', which failed its validation gate " \
+           f"({GATE}), because allow_failed is set" in proc.stderr
+    assert entrypoint(tmp_path / "out")[:6] == ["edgesdk", "serve", "/mnt/models/digits.bundle", "--artifact",
+                                                 "onnxruntime-int8", "--allow-failed"]
+
+
+def test_triton_exports_a_failed_artifact_with_allow_failed_and_a_warning(bundle_copy, tmp_path):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    with pytest.warns(FailedArtifactWarning, match=r"'onnxruntime-int8' .* failed its validation gate"):
+        result = export_triton(bundle_copy, tmp_path / "out", artifact="onnxruntime-int8", allow_failed=True)
+    assert result.artifact == "onnxruntime-int8"
+
+
+def test_the_default_artifact_is_never_one_that_failed(bundle_copy, tmp_path):
+    fail_validation(bundle_copy, "onnxruntime-fp32")
+    kserve = export_kserve(bundle_copy, tmp_path / "kserve")
+    assert kserve.artifact != "onnxruntime-fp32" and kserve.artifact.endswith("-fp32")
+    assert "--allow-failed" not in entrypoint(tmp_path / "kserve")
+    with pytest.raises(BundleError, match=r"bundle 'digits': its ONNX fp32 artifact failed its validation gate "
+                                          r"\(golden agreement drop 1\.48 points > max 0\.5 at quantize time\); "
+                                          r"re-quantize the bundle, or name an artifact with --artifact and "
+                                          r"--allow-failed"):
+        export_triton(bundle_copy, tmp_path / "triton")
+    assert not (tmp_path / "triton").exists()
+

@@ -4,16 +4,18 @@ policies and their misuse. Real engines throughout; the only fake is the NPU thi
 from __future__ import annotations
 
 import json
+import re
+import warnings
 
 import numpy as np
 import pytest
 
 import edgesdk
-from edgesdk import BackendUnavailable, BundleError, InputError, RuntimeOptions
+from edgesdk import BackendUnavailable, BundleError, FailedArtifactWarning, InputError, RuntimeOptions
 from edgesdk.engines import ENGINE_NAMES, discover, register_backend, unregister_backend
 from edgesdk.selection import POLICIES
 from fakes import NAME as FAKE, FakeNPUEngine, ThrowingNPUEngine
-from support import ov_default_precision, rehash
+from support import fail_validation, ov_default_precision, rehash
 
 ALL_IDS = ["litert-fp32", "litert-int8", "openvino-fp32", "openvino-int8", "onnxruntime-fp32", "onnxruntime-int8"]
 OV_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -76,10 +78,21 @@ def test_each_engine_runs_the_bundle_on_cpu_within_tolerance(digits_bundle, aid)
         assert pl.fully_accelerated is None  # LiteRT gives a verdict only for GPU/NPU
 
 
+@pytest.fixture
+def int8_faster(monkeypatch):
+    """INT8 goes first unless it is measured slower than FP32 here (tests/test_precision_choice.py): a fake clock in
+    which it is faster keeps a test's answer independent of this CPU (and of the CPU a fake NPU computes on)."""
+    from edgesdk import precision_choice
+
+    monkeypatch.setattr(precision_choice, "time_run", lambda eng, feeds: 0.001 if "int8" in eng.model_path.name
+                        else 0.002)
+
+
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
-def test_engine_choice_prefers_int8(digits_bundle, engine):
+def test_engine_choice_prefers_int8(digits_bundle, engine, int8_faster):
     with edgesdk.load(digits_bundle.bundle, engine=engine, policy="cpu-only") as model:
         assert (model.placement.engine, model.placement.artifact) == (engine, f"{engine}-int8")
+        assert model.placement.precision_choice["chosen"] == "int8"
 
 
 def test_placement_to_dict_is_json(digits_bundle):
@@ -134,7 +147,7 @@ def test_require_missing_engine_device_pair(digits_bundle):
 
 # -- a fake NPU (hardware this machine lacks), real numbers ------------------------------------------------
 
-def test_auto_picks_the_npu(digits_bundle, fake_npu):
+def test_auto_picks_the_npu(digits_bundle, fake_npu, int8_faster):
     with edgesdk.load(digits_bundle.bundle) as model:
         pl = model.placement
         assert (pl.engine, pl.kind, pl.device, pl.artifact) == (FAKE, "NPU", "NPU", "onnxruntime-int8")
@@ -344,3 +357,122 @@ def test_an_engine_failure_at_predict_is_typed(digits_bundle, fake_npu):
     with pytest.raises(BackendUnavailable, match=r"device lost") as info:
         model.predict(np.zeros((1, 1, 8, 8), np.float32))
     assert info.value.reason == "run_failed"
+
+
+# -- artifacts that failed their validation gate -----------------------------------------------------------
+
+GATE = r"accuracy drop 1\.48 points > max 0\.5 at quantize time"
+
+
+@pytest.fixture
+def failed_int8(bundle_copy):
+    """The digits bundle with onnxruntime-int8 recorded as failed at quantize time (1.48 points > 0.5)."""
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    return bundle_copy
+
+
+def _failed_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, FailedArtifactWarning)]
+
+
+def test_a_failed_artifact_is_skipped_with_its_gate_and_another_serves(failed_int8):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # The explicit engine goes first and INT8 before FP32: onnxruntime-int8 would serve, were it not failed.
+        with edgesdk.load(failed_int8, engine="onnxruntime") as model:
+            pl = model.placement
+        with edgesdk.load(failed_int8) as auto:
+            assert auto.placement.artifact != "onnxruntime-int8"
+    assert (pl.engine, pl.artifact) == ("onnxruntime", "onnxruntime-fp32")
+    refused = [s for s in pl.skipped if s.reason == "validation_failed"]
+    assert refused and {s.candidate.artifact for s in refused} == {"onnxruntime-int8"}
+    assert re.fullmatch(GATE, refused[0].detail)
+    assert ("onnxruntime", "CPU", "onnxruntime-int8", "validation_failed") in _skips(pl)
+    assert _failed_warnings(caught) == []  # nothing failed was served
+
+
+def test_naming_a_failed_artifact_raises_naming_its_gate_and_allow_failed(failed_int8):
+    refusal = (r"artifact 'onnxruntime-int8' of bundle 'digits' failed its validation gate \(" + GATE +
+               r"\); it is served only with allow_failed=True \(CLI: --allow-failed\)")
+    with pytest.raises(BundleError, match=refusal):
+        edgesdk.load(failed_int8, artifact="onnxruntime-int8")
+    with pytest.raises(BundleError, match=refusal):
+        edgesdk.load(failed_int8, RuntimeOptions(artifact="onnxruntime-int8", policy="cpu-only"))
+
+
+def test_allow_failed_serves_a_named_failed_artifact_with_a_warning(failed_int8):
+    x = edgesdk.Bundle.open(failed_int8).golden()["input_0"][:1]
+    with pytest.warns(FailedArtifactWarning, match=r"serving artifact 'onnxruntime-int8' of bundle 'digits', which "
+                                                   r"failed its validation gate \(" + GATE + r"\)"):
+        model = edgesdk.load(failed_int8, RuntimeOptions(artifact="onnxruntime-int8", allow_failed=True))
+    with model:
+        assert model.placement.artifact == "onnxruntime-int8"
+        assert model.predict(x).outputs[0].shape == (1, 10)
+
+
+def test_allow_failed_alone_tries_failed_artifacts_after_every_one_that_passed(failed_int8):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with edgesdk.load(failed_int8, engine="onnxruntime", allow_failed=True) as model:
+            assert model.placement.artifact == "onnxruntime-fp32"  # INT8 first otherwise, but it failed its gate
+            assert "validation_failed" not in {s.reason for s in model.placement.skipped}
+    assert _failed_warnings(caught) == []
+
+
+def test_when_every_artifact_failed_load_says_to_requantize_or_allow_failed(bundle_copy):
+    fail_validation(bundle_copy, *ALL_IDS)
+    with pytest.raises(BackendUnavailable, match=r"validation_failed: every artifact of 'digits' that could serve here "
+                                                 r"failed its validation gate \(\S+: (golden agreement|accuracy) "
+                                                 r"drop 1\.48 points > max 0\.5 at quantize time; .*\); "
+                                                 r"re-quantize the bundle .* or pass allow_failed=True") as err:
+        edgesdk.load(bundle_copy)
+    assert err.value.reason == "validation_failed"
+    assert all(aid in err.value.detail for aid in ALL_IDS)
+    with pytest.warns(FailedArtifactWarning, match="which failed its validation gate"):
+        model = edgesdk.load(bundle_copy, allow_failed=True)
+    model.close()
+
+
+def test_when_every_artifact_under_require_failed_the_reason_is_validation_failed(bundle_copy):
+    fail_validation(bundle_copy, "onnxruntime-fp32", "onnxruntime-int8")
+    with pytest.raises(BackendUnavailable, match=r"every artifact of 'digits' that could serve here under "
+                                                 r"require='onnxruntime' failed its validation gate") as err:
+        edgesdk.load(bundle_copy, require="onnxruntime")
+    assert err.value.reason == "validation_failed"
+    assert "onnxruntime-int8: " in err.value.detail and "onnxruntime-fp32: " in err.value.detail
+
+
+def test_an_artifact_without_a_validation_entry_is_served(bundle_copy):
+    """Bundles written before validation was recorded are not refused."""
+    path = bundle_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["validation"]
+    path.write_text(json.dumps(manifest))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with edgesdk.load(bundle_copy, artifact="onnxruntime-int8", engine="onnxruntime") as model:
+            assert model.placement.artifact == "onnxruntime-int8"
+    assert _failed_warnings(caught) == []
+
+
+def test_misuse_allow_failed_must_be_a_bool(digits_bundle):
+    with pytest.raises(InputError, match="allow_failed must be True or False, got 'yes'"):
+        edgesdk.load(digits_bundle.bundle, allow_failed="yes")
+
+
+def test_a_model_pool_never_loads_a_failed_artifact(failed_int8):
+    with edgesdk.ModelPool(memory_mb=4096, engine="onnxruntime") as pool:
+        model = pool.get(failed_int8)
+        assert model.placement.artifact == "onnxruntime-fp32"
+        assert "validation_failed" in {s.reason for s in model.placement.skipped}
+    with edgesdk.ModelPool(memory_mb=4096, artifact="onnxruntime-int8") as pool:
+        with pytest.raises(BundleError, match="allow_failed=True"):
+            pool.get(failed_int8)
+
+
+def test_hybrid_mode_refuses_a_named_failed_artifact_instead_of_leaving_it_to_the_cloud(failed_int8):
+    cloud = "http://127.0.0.1:9"  # never called: the device side serves or the load fails
+    with pytest.raises(BundleError, match=r"'onnxruntime-int8' .* failed its validation gate .* --allow-failed"):
+        edgesdk.load(failed_int8, artifact="onnxruntime-int8", mode="prefer-device", cloud=cloud)
+    with edgesdk.load(failed_int8, engine="onnxruntime", mode="prefer-device", cloud=cloud) as model:
+        assert model.device.placement.artifact == "onnxruntime-fp32"

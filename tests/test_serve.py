@@ -15,6 +15,8 @@ import pytest
 from cloud_server import CloudServer, call, cloud_venv, free_port
 from edgesdk import Bundle
 from edgesdk.cloud.server import serving_artifact
+from edgesdk.errors import BundleError
+from support import fail_validation
 
 DEFAULT_ARTIFACT = "onnxruntime-fp32"  # the cloud venv has onnxruntime only; every fp32 ties on accuracy
 
@@ -194,6 +196,36 @@ def test_the_default_artifact_is_the_most_accurate_float_one(digits_bundle, bund
     manifest["validation"]["openvino-int8"]["accuracy"] = 1.0  # int8 is never the default
     path.write_text(json.dumps(manifest))
     assert serving_artifact(Bundle.open(bundle_copy)).id == "openvino-fp32"
+
+
+def test_the_default_artifact_is_never_one_that_failed_its_gate(bundle_copy):
+    fail_validation(bundle_copy, DEFAULT_ARTIFACT)
+    chosen = serving_artifact(Bundle.open(bundle_copy), installed_only=False)
+    assert chosen.id != DEFAULT_ARTIFACT and chosen.precision == "fp32"
+    fail_validation(bundle_copy, "litert-fp32", "openvino-fp32")
+    with pytest.raises(BundleError, match=r"every float artifact failed its validation gate \(litert-fp32: golden "
+                                          r"agreement drop 1\.48 points > max 0\.5 at quantize time; .*\); "
+                                          r"re-quantize the bundle, or name one with --artifact and --allow-failed"):
+        serving_artifact(Bundle.open(bundle_copy), installed_only=False)
+
+
+def test_a_failed_artifact_is_a_one_line_error_naming_allow_failed(bundle_copy):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    proc = serve_cli(str(bundle_copy), "--artifact", "onnxruntime-int8", "--port", str(free_port()))
+    assert proc.returncode == 2
+    line = one_line_error(proc)
+    assert line.startswith("error: BundleError: artifact 'onnxruntime-int8' of bundle 'digits' failed its validation "
+                           "gate (accuracy drop 1.48 points > max 0.5 at quantize time)") and "--allow-failed" in line
+
+
+def test_allow_failed_serves_a_failed_artifact_with_a_warning(bundle_copy, golden_x, tmp_path):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    with CloudServer(bundle_copy, "--artifact", "onnxruntime-int8", "--allow-failed", log_dir=tmp_path) as other:
+        assert "artifact onnxruntime-int8 on onnxruntime" in other.output()
+        assert "warning: serving artifact 'onnxruntime-int8' of bundle 'digits', which failed its validation gate" \
+            in other.output()
+        status, answer = other.infer({"inputs": [tensor(golden_x[:1])]})
+        assert status == 200, answer
 
 
 TRITON_CLIENT = r"""

@@ -18,7 +18,7 @@ from edgesdk.profiles import load_profile
 from edgesdk.simulated_device import SimulatedThermalDevice
 from edgesdk.thermal import (LEVELS, LinuxThermalZones, PushedThermalState, RaspberryPiThrottled, ThermalActions,
                              ThermalGovernor, ThermalReading)
-from support import FakeClock
+from support import FakeClock, fail_validation
 
 FIXED = ThermalActions(warm={"threads": "half", "min_interval_ms": 20},
                        hot={"threads": 1, "min_interval_ms": 100, "prefer": "lower_power"})
@@ -1019,3 +1019,23 @@ def test_switch_candidates_must_fit_the_memory_limit(digits_bundle, tmp_path):
     # engine do.
     assert _fitting([int8, npu], bundle, costs, tight, 100.0, home) == [int8]
     assert _fitting([home], bundle, costs, roomy, 100.0, int8) == []  # larger files than the loaded ones
+
+
+@pytest.mark.parametrize("allow_failed", [False, True])
+def test_hot_never_switches_to_an_int8_artifact_that_failed_its_gate(bundle_copy, tmp_path, allow_failed):
+    """The INT8 alternative of an FP32 placement is left out when it failed validation, even under allow_failed
+    (which admits what load serves, not a switch made later without a word)."""
+    import edgesdk
+    from edgesdk import Bundle
+
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    root = hot_zone(tmp_path)
+    x = Bundle.open(bundle_copy).golden()["input_0"][:1]
+    with edgesdk.load(bundle_copy, require="onnxruntime", artifact="onnxruntime-fp32", allow_failed=allow_failed,
+                      thermal=hot_governor(root)) as model:
+        assert model._thermal.lower_power is None  # the only lower-power choice here failed its gate
+        set_temp(root, 80.0)
+        hot = model.predict(x)
+        assert hot.budget["thermal"]["level"] == "hot"
+        assert hot.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
+        assert "artifact_switched" not in hot.budget["thermal"]["actions"]

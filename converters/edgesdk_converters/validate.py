@@ -21,11 +21,12 @@ from .targets import Built
 
 GOLDEN_COUNT = 8
 # An INT8 artifact may be off the golden float outputs by at most this share of their range (max - min over the
-# validation set). Sound INT8 stays far below it (the digits CNN: 0.7 %); kernels that saturate do not (ONNX Runtime's
-# U8S8 on an AVX2 CPU without VNNI: 16 % on the same model). It bounds both the quantize gate and the device's golden
-# tolerance, so an artifact that exceeds it fails at quantize time, and a device whose kernels push it past the
-# tolerance refuses it at load.
-INT8_ERROR_CAP = 0.05
+# validation set). Sound INT8 stays well below it (the digits CNN: 0.5 %; a random CNN ending in a softmax over near-equal
+# classes, the noisiest seen: 5.2 %); kernels that saturate do not (ONNX Runtime's U8S8 with 8-bit weights on an AVX2
+# CPU without VNNI: 12.5 % on the digits CNN, 32 % on tests/test_int8_cpu.py's saturating model). It bounds both the
+# quantize gate and the device's golden tolerance, so an artifact that exceeds it fails at quantize time, and one
+# validated on a saturating CPU cannot carry a tolerance that lets the same saturation through elsewhere.
+INT8_ERROR_CAP = 0.10
 # Preferred ground truth for the golden outputs (the float reference most engines agree with).
 GOLDEN_ORDER = ("onnxruntime-fp32", "openvino-fp32", "litert-fp32")
 

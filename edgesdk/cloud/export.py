@@ -7,7 +7,9 @@
 Both verify the bundle before anything is written, write into a temporary folder next to ``out`` and move it into
 place when complete. ``out`` must be new or empty; ``force`` replaces only a previous export, recognised by the
 marker file ``.edgesdk-export`` every export writes, never a folder of the user's own. Errors: :class:`BundleError`
-for a bad bundle or an unknown artifact id, :class:`ConversionError` for an output or option that cannot be used.
+for a bad bundle, an unknown artifact id, or an artifact that failed its validation gate at quantize time (exported
+only with ``allow_failed``, then with a :class:`~edgesdk.errors.FailedArtifactWarning`; never the default),
+:class:`ConversionError` for an output or option that cannot be used.
 
 Exporting writes text and copies files: this module imports nothing beyond the standard library and edgesdk, and
 runs wherever edgesdk is installed.
@@ -47,7 +49,7 @@ class Export:
 
 
 def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = None, artifact: str | None = None,
-                  force: bool = False) -> Export:
+                  force: bool = False, allow_failed: bool = False) -> Export:
     """Write ``out`` for a KServe InferenceService that serves the bundle with ``edgesdk serve`` (V2 REST).
 
     ``artifact`` is the artifact id to serve (default: the most accurate float artifact, on a tie the golden
@@ -55,7 +57,8 @@ def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = 
     ``inferenceservice.yaml`` (default ``edgesdk-<bundle name>:<bundle version>``).
     """
     bundle = Bundle.open(bundle_path)
-    chosen = bundle.artifact(artifact) if artifact is not None else _default_float(bundle)
+    chosen = bundle.servable_artifact(artifact, allow_failed) if artifact is not None else _default_float(bundle)
+    bundle.warn_if_failed(chosen.id)
     slug = _dns_label(bundle.name)
     image = _check_image(image) if image is not None else f"edgesdk-{slug}:{_tag(bundle.manifest['version'])}"
     out = _check_output(Path(out), bundle, force)
@@ -71,7 +74,7 @@ def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = 
 
 
 def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None = None,
-                  force: bool = False) -> Export:
+                  force: bool = False, allow_failed: bool = False) -> Export:
     """Write ``out`` as a Triton model repository: ``<name>/config.pbtxt`` and ``<name>/1/model.onnx``.
 
     ``artifact`` is an ONNX Runtime artifact id (default: the bundle's ``onnxruntime`` fp32 artifact); its file is
@@ -82,7 +85,8 @@ def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None
     first dimension to vary.
     """
     bundle = Bundle.open(bundle_path)
-    chosen = _onnx_artifact(bundle, artifact)
+    chosen = _onnx_artifact(bundle, artifact, allow_failed)
+    bundle.warn_if_failed(chosen.id)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", bundle.name):
         raise ConversionError(f"bundle name {bundle.name!r} cannot name a Triton model directory (letters, digits, "
                               f"'_', '.', '-'); the device calls the model by that name, so it is not changed here")
@@ -114,7 +118,7 @@ def _default_float(bundle: Bundle) -> Artifact:
     return serving_artifact(bundle, installed_only=False)
 
 
-def _onnx_artifact(bundle: Bundle, artifact: str | None) -> Artifact:
+def _onnx_artifact(bundle: Bundle, artifact: str | None, allow_failed: bool) -> Artifact:
     onnx = [a for a in bundle.artifacts if a.engine == "onnxruntime"]
     listed = ", ".join(a.id for a in onnx) or "none"
     if artifact is not None:
@@ -122,12 +126,17 @@ def _onnx_artifact(bundle: Bundle, artifact: str | None) -> Artifact:
         if chosen.engine != "onnxruntime":
             raise ConversionError(f"Triton's onnxruntime_onnx platform runs ONNX artifacts; {chosen.id!r} is for "
                                   f"{chosen.engine} (ONNX artifacts of bundle {bundle.name!r}: {listed})")
-        return chosen
+        return bundle.servable_artifact(chosen.id, allow_failed)
     floats = [a for a in onnx if a.precision == "fp32"]
     if not floats:
         raise ConversionError(f"bundle {bundle.name!r} has no ONNX fp32 artifact to export by default "
                               f"(ONNX artifacts: {listed}); name one with --artifact")
-    return floats[0]
+    passed = [a for a in floats if bundle.failed_gate(a.id) is None]
+    if not passed:
+        raise BundleError(f"bundle {bundle.name!r}: its ONNX fp32 artifact failed its validation gate "
+                          f"({bundle.failed_gate(floats[0].id)}); re-quantize the bundle, or name an artifact with "
+                          f"--artifact and --allow-failed")
+    return passed[0]
 
 
 # -- the output folder -------------------------------------------------------------------------------------------
@@ -203,6 +212,8 @@ def _check_image(image: str) -> str:
 def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str) -> str:
     served = f"{MODELS_DIR}/{bundle_dir}"
     entrypoint = ["edgesdk", "serve", served, "--artifact", chosen.id, "--host", "0.0.0.0", "--port", str(PORT)]
+    if bundle.failed_gate(chosen.id) is not None:  # exported with allow_failed: the image must serve it the same way
+        entrypoint.insert(5, "--allow-failed")
     requirement = f"edgesdk[cloud,{chosen.engine}]=={__version__}"
     return f"""\
 # Written by edgesdk export kserve: a custom KServe predictor that serves, with edgesdk serve (KServe's ModelServer),

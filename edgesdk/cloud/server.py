@@ -129,12 +129,19 @@ def serving_artifact(bundle: Bundle, installed_only: bool = True) -> Artifact:
     unless ``installed_only`` is False: an image that installs the engine).
 
     Accuracy is the bundle's validation ``accuracy``; on a tie the golden reference artifact wins, then manifest order.
+    An artifact that failed its validation gate is never the default.
     """
     floats = [a for a in bundle.artifacts if a.precision == "fp32"]
     if not floats:
         ids = ", ".join(a.id for a in bundle.artifacts)
         raise BundleError(f"bundle {bundle.name!r} has no float artifact to serve by default; name one "
                           f"(artifacts: {ids})")
+    failed = {a.id: gate for a in floats if (gate := bundle.failed_gate(a.id)) is not None}
+    if len(failed) == len(floats):
+        gates = "; ".join(f"{aid}: {gate}" for aid, gate in failed.items())
+        raise BundleError(f"bundle {bundle.name!r}: every float artifact failed its validation gate ({gates}); "
+                          f"re-quantize the bundle, or name one with --artifact and --allow-failed")
+    floats = [a for a in floats if a.id not in failed]
     runnable = [a for a in floats if engine_version(a.engine) is not None] if installed_only else floats
     if not runnable:
         engines = ", ".join(sorted({a.engine for a in floats}))
@@ -151,18 +158,22 @@ def serving_artifact(bundle: Bundle, installed_only: bool = True) -> Artifact:
     return min(runnable, key=rank)  # min keeps the first of equals: manifest order
 
 
-def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127.0.0.1", port: int = 8080) -> None:
+def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127.0.0.1", port: int = 8080,
+          allow_failed: bool = False) -> None:
     """Serve the bundle's model at ``http://host:port/v2/models/<name>`` until SIGINT or SIGTERM (blocks).
 
     ``artifact`` is an artifact id (default: :func:`serving_artifact`). Raises :class:`BundleError` for a bad bundle
     or an unknown artifact id, :class:`BackendUnavailable` when kserve or the artifact's engine is missing, and
-    :class:`InputError` for a port outside 1-65535. REST only (no gRPC), one worker process.
+    :class:`InputError` for a port outside 1-65535. REST only (no gRPC), one worker process. An ``artifact`` that
+    failed its validation gate at quantize time is refused (:class:`BundleError`) unless ``allow_failed``, and then
+    served with a :class:`~edgesdk.errors.FailedArtifactWarning`.
     """
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InputError(f"port must be an integer from 1 to 65535, got {port!r}")
     _require_kserve()  # before the bundle is read: the fix for a device install comes first
     bundle = Bundle.open(bundle_path)
-    chosen = bundle.artifact(artifact) if artifact is not None else serving_artifact(bundle)
+    chosen = bundle.servable_artifact(artifact, allow_failed) if artifact is not None else serving_artifact(bundle)
+    bundle.warn_if_failed(chosen.id)
     model = _bundle_model_class()(bundle, chosen)
     model.load()
     server = _model_server_class()(host, http_port=port, workers=1, enable_grpc=False, enable_docs_url=False)

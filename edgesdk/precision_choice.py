@@ -1,0 +1,149 @@
+"""Is INT8 really faster on this CPU? Time it against the FP32 artifact of the same engine and device, once.
+
+The speed policies (``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``) rank INT8 before FP32, but an INT8
+artifact is not faster everywhere: without VNNI/AMX (an AMD Zen 3, say), XNNPACK's INT8 depthwise kernels and
+the quantize/dequantize ops can cost as much as the float ones save. So when the first candidate that loads is
+INT8 and an FP32 candidate on the same engine and device remains, :func:`edgesdk.load` opens that one too and
+times both here in pairs of back-to-back runs on the bundle's first golden input (bounded: at most ``2 *
+(WARMUP_PAIRS + MAX_PAIRS)`` inferences, ``MIN_PAIRS`` pairs once ``TIME_CAP_S`` is spent). Each pair gives an
+int8/fp32 ratio under the same machine load. FP32 serves only on clear evidence: the median ratio above ``1 +
+MARGIN`` *and* INT8 slower in at least three pairs of four (the lower quartile above 1). Otherwise INT8 keeps its
+place: it is the smaller model in memory, and on a shared machine a burst of other work can make either run slow,
+so a split measurement must not move a decision that is then cached.
+
+The decision is cached per (bundle fingerprint, machine, engine versions, the pair, threads, performance) in
+``precision.json`` beside autotune's decisions (:func:`edgesdk.autotune.cache_dir`), so later loads read it and
+time nothing; a cached FP32 decision puts the FP32 candidate before its INT8 one in the load order. The result
+is ``placement.precision_choice``. ``max-efficiency`` keeps INT8 first without timing (INT8 moves a quarter of
+the weight bytes, which saves energy even where it is not faster), ``autotune`` times every candidate itself,
+and an explicit ``artifact=`` is never second-guessed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Collection, Sequence
+
+import numpy as np
+
+from . import autotune, numerics
+from .bundle import Bundle
+from .engines import Engine
+from .placement import Candidate, Placement, Skip
+
+POLICIES = ("auto", "cpu-only", "prefer-npu", "prefer-gpu")
+MARGIN = 0.05  # INT8 must be more than 5% slower to lose: closer than that is within the noise of the timing
+WARMUP_PAIRS = 1
+MIN_PAIRS = 8
+MAX_PAIRS = 16
+TIME_CAP_S = 0.25  # after MIN_PAIRS, stop timing once this much time went into timed runs
+CACHE_FILE = "precision.json"
+
+
+def time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
+    """Seconds one inference takes. Module-level so a test can put a fake clock here (the engines stay real)."""
+    t0 = time.perf_counter()
+    engine.run(feeds)
+    return time.perf_counter() - t0
+
+
+def applies(policy: str, artifact: str | None) -> bool:
+    return policy in POLICIES and artifact is None
+
+
+def _label(where: Candidate | Placement) -> str:
+    return f"{where.engine}:{where.device}:{where.artifact}"
+
+
+def _fp32_of(cand: Candidate, cands: Sequence[Candidate], barred: Collection[str]) -> Candidate | None:
+    """The first FP32 candidate of ``cands`` on ``cand``'s engine and device (an artifact in ``barred``, one that
+    failed its validation gate, never competes)."""
+    return next((c for c in cands if c.precision == "fp32" and c.engine == cand.engine and c.device == cand.device
+                 and c.artifact not in barred), None)
+
+
+def _key(bundle: Bundle, int8: Candidate | Placement, fp32: Candidate, threads: int | None, performance: str) -> str:
+    return autotune.cache_key(bundle, {"precision_check": f"{_label(int8)} vs {_label(fp32)}",
+                                       "threads": str(threads), "performance": performance})
+
+
+def arrange(bundle: Bundle, eligible: list[Candidate], threads: int | None, performance: str,
+            barred: Collection[str] = ()) -> tuple[list[Candidate], dict[str, dict[str, Any]]]:
+    """Apply the cached decisions: the load order (an FP32 candidate that won moves just before its INT8 one), and
+    the decisions by the label of either candidate of their pair (for the placement, and so they are not timed)."""
+    order = list(eligible)
+    known: dict[str, dict[str, Any]] = {}
+    for int8 in [c for c in eligible if c.precision == "int8" and c.artifact not in barred]:
+        fp32 = _fp32_of(int8, eligible, barred)
+        if fp32 is None:
+            continue
+        decision = autotune.lookup(_key(bundle, int8, fp32, threads, performance), CACHE_FILE)
+        if not isinstance(decision, dict) or decision.get("chosen") not in ("int8", "fp32"):
+            continue
+        decision = {**decision, "cached": True}
+        known[int8.label()] = known[fp32.label()] = decision
+        if decision["chosen"] == "fp32" and order.index(fp32) > order.index(int8):
+            order.remove(fp32)
+            order.insert(order.index(int8), fp32)
+    return order, known
+
+
+def shown(cand: Candidate, known: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The cached decision for the placement of ``cand`` (None: none), saying so when ``cand`` serves although the
+    other one was chosen (that one did not load this time; the placement's skips say why)."""
+    decision = known.get(cand.label())
+    if decision is None or decision["chosen"] == cand.precision:
+        return decision
+    return {**decision, "chosen": cand.precision,
+            "method": f"{decision['method']}; the cached choice, {decision['chosen']}, did not load this time"}
+
+
+def rival(cand: Candidate, remaining: Sequence[Candidate], known: dict[str, dict[str, Any]],
+          barred: Collection[str] = ()) -> Candidate | None:
+    """The FP32 candidate of ``remaining`` to time a freshly loaded INT8 ``cand`` against (None: nothing to time)."""
+    if cand.precision != "int8" or cand.label() in known or cand.artifact in barred:
+        return None
+    return _fp32_of(cand, remaining, barred)
+
+
+def unmeasured(int8: Candidate | Placement, fp32: Candidate, skipped: Sequence[Skip],
+               why: str | None = None) -> dict[str, Any]:
+    """The decision when FP32 could not be timed (it did not load or fit: its skip in ``skipped`` says why, else
+    ``why``): INT8 serves, and nothing is cached, so the next load tries again."""
+    skip = next((s for s in reversed(skipped) if s.candidate == fp32), None)
+    why = why or (f"{_label(fp32)} did not load ({skip.reason}: {skip.detail})" if skip else "FP32 did not load")
+    return {"int8": _label(int8), "fp32": _label(fp32), "int8_ms": None, "fp32_ms": None, "ratio": None,
+            "pairs": 0, "int8_slower_in": None, "chosen": "int8", "cached": False, "method": f"not measured: {why}"}
+
+
+def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp32: Candidate, fp32_engine: Engine,
+            threads: int | None, performance: str) -> dict[str, Any]:
+    """Time the two loaded engines interleaved on golden input 0, decide, and cache the decision."""
+    feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
+    engines = {"int8": int8_engine, "fp32": fp32_engine}
+    for _ in range(WARMUP_PAIRS):
+        for engine in engines.values():
+            engine.run(feeds)
+    times: dict[str, list[float]] = {"int8": [], "fp32": []}
+    spent = 0.0
+    for i in range(MAX_PAIRS):
+        if i >= MIN_PAIRS and spent >= TIME_CAP_S:
+            break
+        # Each goes first every other pair: the first run after a pause can pay for waking the engine's threads.
+        for name in ("int8", "fp32") if i % 2 == 0 else ("fp32", "int8"):
+            seconds = time_run(engines[name], feeds)
+            times[name].append(seconds)
+            spent += seconds
+    int8_s, fp32_s = np.asarray(times["int8"]), np.asarray(times["fp32"])
+    ratios = int8_s / np.maximum(fp32_s, 1e-12)
+    ratio, lower_quartile = float(np.median(ratios)), float(np.percentile(ratios, 25))
+    slower = ratio > 1 + MARGIN and lower_quartile > 1.0
+    decision = {"int8": _label(int8), "fp32": _label(fp32), "int8_ms": round(float(np.median(int8_s)) * 1e3, 4),
+                "fp32_ms": round(float(np.median(fp32_s)) * 1e3, 4), "ratio": round(ratio, 3),
+                "pairs": len(ratios), "int8_slower_in": int(np.sum(ratios > 1.0)),
+                "chosen": "fp32" if slower else "int8", "cached": False,
+                "method": f"{len(ratios)} back-to-back int8/fp32 pairs on golden input 0 after {WARMUP_PAIRS} warm-up; "
+                          f"ratio = median of the pairs' int8/fp32; fp32 when it is above {1 + MARGIN:g} and int8 "
+                          f"was slower in at least 3 pairs of 4"}
+    autotune.store(_key(bundle, int8, fp32, threads, performance), decision, CACHE_FILE)
+    return decision
