@@ -2,12 +2,9 @@
 
     python benchmarks/auto_choice.py [--bundle B] [--rebuild] [--duration 3] [--rounds 1] [--threads N]
 
-1. The MobileNetV2-shaped bundle of ``models.py``: built once into ``build/bench/mobilenetv2-speed.bundle``
-   (64 calibration and 16 validation samples, as ``bundles.py`` does) and reused. Its weights are random, so
-   the INT8 artifacts are far off the float outputs (cosine ~0.55 here): the accuracy gate is off
-   (``--max-drop 100``, as in ``quantize.py``) and so is the INT8 error cap of ``edgesdk_converters.validate``,
-   which would otherwise mark every INT8 artifact failed and keep ``auto`` from considering them at all. This
-   bundle is for speed only.
+1. The MobileNetV2-shaped bundle of ``bundles.py`` (``build/bench/mobilenetv2.bundle``, built once). Its weights
+   are random, so its INT8 artifacts are far off the float outputs (cosine ~0.55): it is built with the accuracy
+   gate and the INT8 error cap lifted (``--max-drop 100 --max-error-cap 100``), for speed only.
 2. ``edgesdk bench BUNDLE --all --json --scenario single-stream --no-cold-start``: every backend's p50, each in a
    fresh process (``--rounds N`` runs it N times and takes each backend's median p50).
 3. ``edgesdk.load(BUNDLE)`` (policy auto) with an empty cache dir, so the INT8-against-FP32 check of
@@ -34,55 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from timing import OtherLoad  # noqa: E402
 
-ROOT = HERE.parent
-SPEED_BUNDLE = ROOT / "build" / "bench" / "mobilenetv2-speed.bundle"
 TARGET = 1.10
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-# The quantize CLI with the INT8 error cap lifted (random weights: see the docstring). A converters version without
-# the cap needs nothing lifted.
-LIFT_CAP = ("import edgesdk_converters.validate as v\n"
-            "if hasattr(v, 'INT8_ERROR_CAP'): v.INT8_ERROR_CAP = 1e6\n"
-            "from edgesdk.cli import main; main()")
-
-
-def cpu_class() -> dict:
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, sep, value = line.partition(":")
-            if sep and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    flags = set(fields.get("flags", "").split())
-    return {"vendor": fields.get("vendor_id", "?"), "model": fields.get("model name", "?"), "cpus": os.cpu_count(),
-            "flags": {f: f in flags for f in FLAGS}}
-
-
-def speed_bundle(path: Path, rebuild: bool, samples: int = 64, val: int = 16) -> Path:
-    if (path / "manifest.json").is_file() and not rebuild:
-        return path
-    import torch  # only to build the bundle
-
-    from models import mobilenet_v2_shaped, synthetic_images
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        example = torch.from_numpy(synthetic_images(1, seed=99))
-        torch.export.save(torch.export.export(mobilenet_v2_shaped(seed=0), (example,)), tmp / "mobilenetv2.pt2")
-        np.save(tmp / "calib.npy", synthetic_images(samples, seed=1))
-        np.save(tmp / "val.npy", synthetic_images(val, seed=2))
-        print(f"building {path} (quantize, {samples} calibration samples) ...", flush=True)
-        done = subprocess.run([sys.executable, "-c", LIFT_CAP, "quantize", str(tmp / "mobilenetv2.pt2"),
-                               "--calib", str(tmp / "calib.npy"), "--val", str(tmp / "val.npy"),
-                               "--samples", str(samples), "--max-drop", "100", "--out", str(path), "--force",
-                               "--quiet"], capture_output=True, text=True)
-    print(f"built in {time.perf_counter() - t0:.0f} s", flush=True)
-    if done.returncode != 0:
-        sys.exit(f"edgesdk quantize failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return path
 
 
 def wait_quiet(limit_s: float, window_s: float = 3.0, cores: float = 0.1) -> str:
@@ -112,7 +61,7 @@ def bench_rows(bundle: Path, duration: float, threads: int | None, env: dict) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bundle", type=Path, help=f"the bundle (default: {SPEED_BUNDLE.relative_to(ROOT)}, built once)")
+    ap.add_argument("--bundle", type=Path, help="the bundle (default: build/bench/mobilenetv2.bundle, built once)")
     ap.add_argument("--rebuild", action="store_true", help="quantize the default bundle again")
     ap.add_argument("--duration", type=float, default=3.0, help="edgesdk bench --duration (s per backend)")
     ap.add_argument("--rounds", type=int, default=1, help="bench runs; each backend's median p50 is used")
@@ -123,10 +72,14 @@ def main() -> None:
 
     import edgesdk
 
+    from edgesdk.cpu import cpu_class, describe
+
+    from bundles import mobilenet_bundle
+
     cpu = cpu_class()
-    print(f"CPU: {cpu['vendor']} {cpu['model']}, {cpu['cpus']} CPUs; "
+    print(f"CPU: {describe(cpu)}, {cpu['vendor']}; "
           + ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in cpu["flags"].items()))
-    bundle = args.bundle or speed_bundle(SPEED_BUNDLE, args.rebuild)
+    bundle = args.bundle or mobilenet_bundle(rebuild=args.rebuild)
     manifest = json.loads((bundle / "manifest.json").read_text())
     failed = [aid for aid, v in (manifest.get("validation") or {}).items()
               if isinstance(v, dict) and v.get("passed") is False]
@@ -186,7 +139,7 @@ def main() -> None:
     else:
         print("  precision check: not made (no INT8 candidate with an FP32 rival came first)")
     if auto not in p50:
-        print(f"  auto's backend is not in the bench listing: MISSED")
+        print("  auto's backend is not in the bench listing: MISSED")
         return
     ratio = p50[auto] / p50[fastest]
     print(f"\nauto p50 {p50[auto]:.3f} ms, fastest {fastest} p50 {p50[fastest]:.3f} ms: ratio {ratio:.3f} "

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -39,11 +40,15 @@ def digits_bundle(path: Path | None = None) -> Path:
 def mobilenet_bundle(path: Path | None = None, samples: int = 64, val: int = 16, rebuild: bool = False) -> Path:
     """The quantized MobileNetV2-shaped bundle at ``path`` (default ``build/bench/``), quantized if missing.
 
-    Random weights give tiny top-1 margins, so the accuracy gate is off (``--max-drop 100``), as in quantize.py.
+    Random weights give tiny top-1 margins and INT8 outputs far off the float ones (cosine ~0.55), so the accuracy
+    gate and the INT8 error cap are off (``--max-drop 100 --max-error-cap 100``), as in quantize.py: for speed only.
+    A bundle built before the cap existed, whose INT8 artifacts it marked failed, is built again.
     """
     bundle = path or MOBILENET
     if (bundle / "manifest.json").is_file() and not rebuild:
-        return bundle
+        validation = json.loads((bundle / "manifest.json").read_text()).get("validation") or {}
+        if not any(isinstance(v, dict) and v.get("passed") is False for v in validation.values()):
+            return bundle
     import torch  # only to build the bundle: reruns never import it
 
     sys.path.insert(0, str(HERE))
@@ -60,7 +65,8 @@ def mobilenet_bundle(path: Path | None = None, samples: int = 64, val: int = 16,
         print(f"quantizing the MobileNetV2-shaped model once ({samples} calibration samples) into {bundle}", flush=True)
         done = subprocess.run(_cli("quantize", str(tmp / "mobilenetv2.pt2"), "--calib", str(tmp / "calib.npy"),
                                    "--val", str(tmp / "val.npy"), "--samples", str(samples), "--max-drop", "100",
-                                   "--out", str(bundle), "--force", "--quiet"), capture_output=True, text=True)
+                                   "--max-error-cap", "100", "--out", str(bundle), "--force", "--quiet"),
+                              capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"edgesdk quantize failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return bundle

@@ -118,7 +118,7 @@ def main() -> None:
         bundle = args.keep or tmp / "mobilenetv2.bundle"
         cmd = [sys.executable, "-c", "from edgesdk.cli import main; main()", "quantize", str(tmp / "mobilenetv2.pt2"),
                "--calib", str(tmp / "calib.npy"), "--val", str(tmp / "val.npy"), "--samples", str(args.samples),
-               "--max-drop", "100", "--out", str(bundle), "--force", "--json", "--quiet"]
+               "--max-drop", "100", "--max-error-cap", "100", "--out", str(bundle), "--force", "--json", "--quiet"]
         print(f"running edgesdk quantize: MobileNetV2-shaped .pt2, {args.samples} calibration + {args.val} "
               "validation samples, targets tflite,openvino,onnx", flush=True)
         wall, peak_mb, res = run_measured(cmd)

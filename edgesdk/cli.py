@@ -64,6 +64,9 @@ def quantize(
     seed: int = typer.Option(0, "--seed", help="Seed for drawing samples."),
     max_drop: float = typer.Option(1.0, "--max-drop", help="Allowed accuracy drop in points (agreement drop "
                                    "without labels); exit 1 when an INT8 artifact exceeds it."),
+    max_error_cap: float = typer.Option(0.10, "--max-error-cap", help="Largest max-abs error of an INT8 artifact "
+                                        "against the float outputs, as a share of their range (saturating kernels "
+                                        "exceed it); exit 1 beyond it. It also caps the device's golden tolerance."),
     name: Optional[str] = typer.Option(None, "--name", help="Bundle name (default: source stem)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     tflite_io: str = typer.Option("float", "--tflite-io", help="Input/output tensors of the INT8 tflite: 'float' "
@@ -80,7 +83,8 @@ def quantize(
     out = out or source.with_name(source.stem + ".bundle")
     result = run_quantize(
         source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
-        samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, name=name, overwrite=force,
+        samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
+        name=name, overwrite=force,
         tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
     )
     if as_json:

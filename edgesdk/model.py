@@ -251,14 +251,6 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     # Allowed artifacts that failed their gate are the last resort, unless one was asked for by name.
     eligible.sort(key=lambda c: c.artifact in failed_gates and c.artifact != opts.artifact)
 
-    # Is INT8 really faster here (edgesdk.precision_choice)? A cached decision orders the candidates now; an INT8
-    # candidate without one is timed against its FP32 rival once both are loaded, in the walk below.
-    choose_precision = precision_choice.applies(opts.policy, opts.artifact)
-    known_choices: dict[str, dict] = {}
-    if choose_precision:
-        eligible, known_choices = precision_choice.arrange(bundle, eligible, threads, opts.performance,
-                                                           barred=failed_gates)
-
     budget_mb = opts.budgets.memory_mb
     if budget_mb is None and profile is not None:
         budget_mb = profile.memory.get("budget_mb")  # the device family's default, where it has one
@@ -268,6 +260,24 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     costs = memory.CostBook()
     over_budget: list[BudgetExceeded] = []
     failed_devices: dict[tuple[str, str], Skip] = {}
+    # Which engine is fastest here (edgesdk.precision_choice.race)? Timed once per machine, then cached.
+    engine_choice = None
+    if precision_choice.race_applies(opts.policy, opts.engine, opts.device, opts.artifact, budget_mb):
+        entrants = precision_choice.shortlist(eligible, failed_gates, unverified)
+        if len(entrants) > 1:
+            engine_choice = precision_choice.cached_race(bundle, entrants, threads, opts.performance) or \
+                _race(bundle, entrants, skipped, unverified, threads, opts, engine_options)
+            if engine_choice is not None:
+                failed = {s.candidate for s in skipped}  # skipped by the race already: not opened again
+                eligible = precision_choice.put_first([c for c in eligible if c not in failed], engine_choice)
+
+    # Then, within the engine: is INT8 really faster here (edgesdk.precision_choice)? A cached decision orders the
+    # candidates now; an INT8 candidate without one is timed against its FP32 rival once both are loaded, below.
+    choose_precision = precision_choice.applies(opts.policy, opts.artifact)
+    known_choices: dict[str, dict] = {}
+    if choose_precision:
+        eligible, known_choices = precision_choice.arrange(bundle, eligible, threads, opts.performance,
+                                                           barred=failed_gates)
     held: tuple[Model, Candidate] | None = None  # a loaded INT8 model and its FP32 rival, loaded next
     queue = list(eligible)
     try:
@@ -317,7 +327,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
                 effective_precision=engine.effective_precision, fully_accelerated=engine.fully_accelerated,
                 numerics=check, policy=opts.policy,
                 profile=getattr(profile, "name", None), skipped=skipped, autotune=decision,
-                precision_choice=precision_choice.shown(cand, known_choices))
+                precision_choice=precision_choice.shown(cand, known_choices), engine_choice=engine_choice)
             try:
                 alternatives = []
                 if opts.budgets.thermal is not None:  # where a hot device may move it
@@ -389,6 +399,30 @@ def _every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | N
         f"every artifact of {bundle.name!r} that could serve here{' under require=' + repr(require) if require else ''}"
         f" failed its validation gate ({gates}); re-quantize the bundle (edgesdk quantize, with more representative "
         f"calibration data or another --max-drop) or pass allow_failed=True (CLI: --allow-failed) to serve one anyway")
+
+
+def _race(bundle: Bundle, entrants: list[Candidate], skipped: list[Skip], unverified: set[tuple[str, str]],
+          threads: int | None, opts: RuntimeOptions, engine_options: dict[str, Any]) -> dict | None:
+    """Open each engine's first candidate (numerics checked, isolated when asked) and race them
+    (:func:`edgesdk.precision_choice.race`); None when fewer than two open. All are closed again."""
+    opened: list[tuple[Candidate, Engine]] = []
+    try:
+        for cand in entrants:
+            try:
+                engine, _ = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
+            except BackendUnavailable as exc:
+                skipped.append(Skip(cand, exc.reason, exc.detail))
+                if exc.reason == "device_missing" and (cand.engine, cand.device) in unverified:
+                    autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
+                continue
+            opened.append((cand, engine))
+            _ENGINES_LOADED.add(cand.engine)
+        if len(opened) < 2:
+            return None
+        return precision_choice.race(bundle, opened, threads, opts.performance, entrants)
+    finally:
+        for _, engine in opened:
+            engine.close()
 
 
 def _faster(bundle: Bundle, held: tuple[Model, Candidate], loaded: tuple[Model, Candidate], threads: int | None,

@@ -42,6 +42,9 @@ class Placement:
     self-check result. ``precision_choice`` is the INT8-against-FP32 timing of
     :mod:`edgesdk.precision_choice` (``int8``/``fp32`` candidates, ``int8_ms``, ``fp32_ms``, ``ratio``,
     ``pairs``, ``int8_slower_in``, ``chosen``, ``cached``, ``method``); None when no such choice was made.
+    ``engine_choice`` is the engine race of the same module (``kind``, ``chosen`` engine, ``incumbent`` (the
+    profile's first), ``timings_ms`` and ``ratio_to_incumbent`` per candidate, ``rounds``, ``cached``, ``method``);
+    None when there was none (one engine, or an engine, device, artifact or memory budget was given).
     """
 
     engine: str
@@ -58,6 +61,7 @@ class Placement:
     skipped: list[Skip] = field(default_factory=list)
     autotune: dict[str, Any] | None = None
     precision_choice: dict[str, Any] | None = None
+    engine_choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -147,3 +147,116 @@ def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp
                           f"was slower in at least 3 pairs of 4"}
     autotune.store(_key(bundle, int8, fp32, threads, performance), decision, CACHE_FILE)
     return decision
+
+
+# -- which engine: the first candidate of each engine on the first device kind, timed side by side ---------------
+# The profile's engine order is a guess made for a device family; on a given CPU another engine's kernels may be
+# clearly faster (OpenVINO's INT8 beats XNNPACK's by ~15% on an AMX Xeon, and less or not at all elsewhere). So at
+# the first load under the speed policies, with no engine, device or artifact named and no memory budget, the first
+# candidate of each engine on the device kind that comes first is opened (numerics checked) and timed in round-robin
+# blocks on golden input 0; another engine displaces the profile's first only on clear evidence (more than ENGINE_MARGIN faster
+# by the median of per-round ratios, and faster in three rounds of four). The decision is cached like the INT8 one.
+
+ENGINE_MARGIN = 0.05
+RACE_WARMUP = 2
+RACE_BLOCK = 6  # runs of one engine in a row per round; the median of the last RACE_BLOCK_KEPT is its round time
+RACE_BLOCK_KEPT = 4
+RACE_MIN_ROUNDS = 3
+RACE_MAX_ROUNDS = 8
+RACE_TIME_CAP_S = 0.5
+
+
+def race_time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
+    """Seconds one inference takes in the engine race (a seam of its own, so a test may fake one check's clock and
+    not the other's)."""
+    t0 = time.perf_counter()
+    engine.run(feeds)
+    return time.perf_counter() - t0
+
+
+def race_applies(policy: str, engine: str | None, device: str | None, artifact: str | None,
+                 budget_mb: float | None) -> bool:
+    return policy in POLICIES and engine is None and device is None and artifact is None and budget_mb is None
+
+
+def shortlist(eligible: Sequence[Candidate], barred: Collection[str] = (),
+              unverified: Collection[tuple[str, str]] = ()) -> list[Candidate]:
+    """The first candidate of each engine on the device kind of the first candidate, in load order. Devices only a
+    load can confirm (``unverified``: LiteRT's GPU/NPU) are left to the load walk's probe, not raced."""
+    eligible = [c for c in eligible if (c.engine, c.device) not in unverified]
+    if not eligible:
+        return []
+    kind, first = eligible[0].kind, {}
+    for c in eligible:
+        if c.kind == kind and c.engine not in first and c.artifact not in barred:
+            first[c.engine] = c
+    return list(first.values())
+
+
+def _race_key(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None, performance: str) -> str:
+    return autotune.cache_key(bundle, {"engine_race": " vs ".join(c.label() for c in entrants),
+                                       "threads": str(threads), "performance": performance})
+
+
+def cached_race(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None,
+                performance: str) -> dict[str, Any] | None:
+    decision = autotune.lookup(_race_key(bundle, entrants, threads, performance), CACHE_FILE)
+    if not isinstance(decision, dict) or decision.get("chosen") not in {c.engine for c in entrants}:
+        return None
+    return {**decision, "cached": True}
+
+
+def put_first(eligible: list[Candidate], decision: dict[str, Any]) -> list[Candidate]:
+    """The winner engine's candidates of the raced device kind go first among that kind's candidates (each keeping
+    its order); the places of other kinds' candidates do not change."""
+    kind, engine = decision["kind"], decision["chosen"]
+    slots = [i for i, c in enumerate(eligible) if c.kind == kind]
+    raced = sorted((eligible[i] for i in slots), key=lambda c: c.engine != engine)
+    order = list(eligible)
+    for i, c in zip(slots, raced):
+        order[i] = c
+    return order
+
+
+def race(bundle: Bundle, opened: Sequence[tuple[Candidate, Engine]], threads: int | None,
+         performance: str, entrants: Sequence[Candidate]) -> dict[str, Any]:
+    """Time the opened candidates in round-robin blocks on golden input 0 (bounded: at most ``RACE_WARMUP +
+    RACE_MAX_ROUNDS * RACE_BLOCK`` runs each, ``RACE_MIN_ROUNDS`` rounds once ``RACE_TIME_CAP_S`` is spent), decide,
+    and cache the decision (under the ``entrants`` that were asked for, so a later load with the same candidates
+    reads it)."""
+    feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
+    for _ in range(RACE_WARMUP):
+        for _, engine in opened:
+            engine.run(feeds)
+    # Blocks, not single runs alternated: the engine that just ran keeps its worker threads spinning for a while
+    # (ONNX Runtime's, XNNPACK's), which would slow whichever runs next; a served model runs alone.
+    times: list[list[float]] = [[] for _ in opened]
+    spent = 0.0
+    for r in range(RACE_MAX_ROUNDS):
+        if r >= RACE_MIN_ROUNDS and spent >= RACE_TIME_CAP_S:
+            break
+        order = list(range(len(opened)))
+        order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
+        for i in order:
+            block = [race_time_run(opened[i][1], feeds) for _ in range(RACE_BLOCK)]
+            spent += sum(block)
+            times[i].append(float(np.median(block[-RACE_BLOCK_KEPT:])))
+    runs = np.asarray(times)  # entrants x rounds
+    ratios = runs / np.maximum(runs[0], 1e-12)  # against the profile's first, round by round
+    medians = np.median(ratios, axis=1)
+    winner = 0
+    for i in range(1, len(opened)):
+        clear = medians[i] < 1 - ENGINE_MARGIN and float(np.percentile(ratios[i], 75)) < 1.0
+        if clear and medians[i] < medians[winner]:
+            winner = i
+    first = opened[0][0]
+    decision = {"kind": first.kind, "chosen": opened[winner][0].engine, "incumbent": first.engine,
+                "timings_ms": {c.label(): round(float(np.median(runs[i])) * 1e3, 4) for i, (c, _) in enumerate(opened)},
+                "ratio_to_incumbent": {c.label(): round(float(medians[i]), 3) for i, (c, _) in enumerate(opened)},
+                "rounds": int(runs.shape[1]), "cached": False,
+                "method": f"{runs.shape[1]} round-robin rounds of {RACE_BLOCK} runs each (median of the last "
+                          f"{RACE_BLOCK_KEPT}) on golden input 0 after {RACE_WARMUP} warm-up; another "
+                          f"engine displaces the profile's first ({first.engine}) when its median per-round time "
+                          f"ratio is below {1 - ENGINE_MARGIN:g} and it was faster in 3 rounds of 4"}
+    autotune.store(_race_key(bundle, entrants, threads, performance), decision, CACHE_FILE)
+    return decision

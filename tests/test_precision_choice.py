@@ -29,6 +29,29 @@ def cache_dir(tmp_path, monkeypatch):
     return path
 
 
+class FakeRaceClock:
+    """A fake clock for ``precision_choice.race_time_run``: an inference on an engine takes the seconds set for it;
+    the real engine still runs. ``runs`` counts the timed inferences per engine."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+        self.runs: dict[str, int] = {}
+
+    def __call__(self, engine, feeds) -> float:
+        engine.run(feeds)
+        self.runs[engine.name] = self.runs.get(engine.name, 0) + 1
+        return self.seconds[engine.name]
+
+
+@pytest.fixture(autouse=True)
+def litert_wins_the_race(monkeypatch):
+    """These tests are about the INT8/FP32 pair of the profile's first engine (LiteRT): the engine race, which the
+    tests at the end cover, is made to keep it first."""
+    clock = FakeRaceClock({"litert": 0.001, "openvino": 0.002, "onnxruntime": 0.002})
+    monkeypatch.setattr(precision_choice, "race_time_run", clock)
+    return clock
+
+
 class FakeRunClock:
     """A fake clock for ``precision_choice.time_run``: an inference of an artifact takes the seconds set for it
     (by its model file; a list is taken in turn, over and over); ``runs`` counts the inferences timed per artifact."""
@@ -172,7 +195,8 @@ def test_fp32_that_does_not_load_leaves_int8_serving_unmeasured(bundle_copy, cac
     assert choice["chosen"] == "int8" and choice["int8_ms"] is None and choice["cached"] is False
     assert "numerics_mismatch" in choice["method"]
     assert any(s.candidate.artifact == FP32 and s.reason == "numerics_mismatch" for s in pl.skipped)
-    assert not (cache_dir / "precision.json").exists()  # nothing measured, nothing remembered
+    stored = json.loads((cache_dir / "precision.json").read_text()).values()  # the engine race's decision only:
+    assert all("incumbent" in d for d in stored)  # the pair was not measured, so nothing of it is remembered
 
 
 def test_a_cached_fp32_choice_that_does_not_load_falls_back_to_int8(bundle_copy, monkeypatch):
@@ -215,3 +239,45 @@ def test_run_json_shows_the_choice(digits_bundle, tmp_path):
     assert proc.returncode == 0, proc.stderr
     choice = json.loads(proc.stdout)["placement"]["precision_choice"]
     assert choice["cached"] is False and choice["chosen"] in ("int8", "fp32") and choice["int8_ms"] > 0
+
+
+# -- the engine race ------------------------------------------------------------------------------------------------
+
+def test_a_clearly_faster_engine_displaces_the_profiles_first_and_is_cached(digits_bundle, monkeypatch):
+    clock = FakeRaceClock({"litert": 0.002, "openvino": 0.001, "onnxruntime": 0.0015})
+    monkeypatch.setattr(precision_choice, "race_time_run", clock)
+    pl = _load(digits_bundle.bundle)
+    race = pl.engine_choice
+    assert race["chosen"] == "openvino" and race["incumbent"] == "litert" and race["kind"] == "CPU"
+    assert race["cached"] is False and race["ratio_to_incumbent"]["openvino:CPU:openvino-int8"] == 0.5
+    assert set(clock.runs) == {"litert", "openvino", "onnxruntime"}
+    assert pl.engine == "openvino" and pl.precision_choice["int8"] == "openvino:CPU:openvino-int8"
+    assert pl.to_dict()["engine_choice"] == race
+    monkeypatch.setattr(precision_choice, "race_time_run", _no_timing)
+    again = _load(digits_bundle.bundle)
+    assert again.engine == "openvino" and again.engine_choice == {**race, "cached": True}
+
+
+def test_an_engine_within_the_margin_does_not_displace_the_first(digits_bundle, monkeypatch):
+    monkeypatch.setattr(precision_choice, "race_time_run",
+                        FakeRaceClock({"litert": 0.00100, "openvino": 0.00097, "onnxruntime": 0.002}))
+    pl = _load(digits_bundle.bundle)
+    assert pl.engine_choice["chosen"] == "litert" and pl.engine == "litert"
+
+
+@pytest.mark.parametrize("options", [{"engine": "onnxruntime"}, {"device": "CPU"}, {"memory_mb": 4096},
+                                     {"policy": "max-efficiency"}])
+def test_no_race_when_the_choice_is_given_or_budgeted(digits_bundle, monkeypatch, options):
+    monkeypatch.setattr(precision_choice, "race_time_run", _no_timing)
+    assert _load(digits_bundle.bundle, **options).engine_choice is None
+
+
+def test_the_race_moves_only_its_own_device_kind():
+    from edgesdk.placement import Candidate
+
+    gpu = Candidate("openvino", "GPU", "GPU", "openvino-int8", "int8")
+    cpu = [Candidate(e, "CPU", "CPU", f"{e}-{p}", p) for e in ("litert", "openvino") for p in ("int8", "fp32")]
+    order = precision_choice.put_first([gpu, *cpu], {"kind": "CPU", "chosen": "openvino"})
+    assert order == [gpu, cpu[2], cpu[3], cpu[0], cpu[1]]
+    assert precision_choice.shortlist([gpu, *cpu], unverified={("openvino", "GPU")}) == [cpu[0], cpu[2]]
+    assert precision_choice.shortlist([gpu, *cpu]) == [gpu]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import importlib.metadata as md
 import platform
 import shutil
@@ -28,7 +29,7 @@ from .sources import open_source
 from .targets import TARGET_ENGINES, Built, builder
 from .targets.tflite import IO_TYPES as TFLITE_IO
 from .toolchain_output import captured
-from .validate import validate
+from .validate import INT8_ERROR_CAP, validate
 
 DEFAULT_SAMPLES = 300
 _CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
@@ -56,6 +57,7 @@ def quantize(
     val_samples: int | None = None,
     seed: int = 0,
     max_drop: float = 1.0,
+    max_error_cap: float = INT8_ERROR_CAP,
     name: str | None = None,
     version: str = "1",
     example_input: Any = None,
@@ -75,13 +77,19 @@ def quantize(
     Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
     recorded) when an INT8 artifact loses more than ``max_drop`` points against its float
     reference, or a float artifact's top-1 disagrees with the golden float reference (another
-    engine's conversion of the same source) on more than ``max_drop`` points of the samples.
+    engine's conversion of the same source) on more than ``max_drop`` points of the samples, or an INT8 artifact's
+    max-abs error against the golden float outputs exceeds ``max_error_cap`` times their range (saturating integer
+    kernels, a broken conversion); that cap also bounds the golden tolerance a device checks the artifact against.
     """
     say = log or (lambda msg: print(msg, file=sys.stderr) if progress else None)
     bar = _progress_bar(progress)
     out = _check_output(Path(out), overwrite, [source, calib, val])
     if samples < 1:
         raise CalibrationError(f"samples must be at least 1, got {samples}")
+    if not (isinstance(max_error_cap, (int, float)) and not isinstance(max_error_cap, bool) and max_error_cap > 0
+            and math.isfinite(max_error_cap)):
+        raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
+                              f"{INT8_ERROR_CAP}), got {max_error_cap!r}")
     if val_samples is not None and val_samples < 1:
         raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {val_samples}")
 
@@ -140,7 +148,7 @@ def quantize(
                                          **target_options.get(target, {}))
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
-        metrics, golden = validate(built, val_ds, max_drop, bar("validating"))
+        metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap)
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, name or _default_name(src), version)
         write_manifest(work, manifest)

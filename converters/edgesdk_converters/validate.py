@@ -55,7 +55,7 @@ def open_for_validation(built: Built) -> Engine:
 
 
 def validate(built: list[Built], val: Dataset, max_drop: float,
-             progress: Callable[[Iterable], Iterable] = iter) -> tuple[dict, dict]:
+             progress: Callable[[Iterable], Iterable] = iter, error_cap: float = INT8_ERROR_CAP) -> tuple[dict, dict]:
     """Return (metrics per artifact id, golden arrays + tolerances)."""
     refs = {b.engine: b for b in built if b.precision == "fp32"}
     golden_id = next(i for i in GOLDEN_ORDER if any(b.id == i for b in built))
@@ -87,7 +87,7 @@ def validate(built: list[Built], val: Dataset, max_drop: float,
         for eng in engines.values():
             eng.close()
 
-    caps = error_caps(built, tallies, golden_id)
+    caps = error_caps(built, tallies, golden_id, error_cap)
     metrics = {b.id: _summary(b, refs[b.engine], tallies, val.labels is not None, max_drop, effective[b.id], caps[b.id])
                for b in built}
     golden = {
@@ -101,11 +101,12 @@ def validate(built: list[Built], val: Dataset, max_drop: float,
     return metrics, golden
 
 
-def error_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str) -> dict[str, float]:
+def error_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
+               share: float = INT8_ERROR_CAP) -> dict[str, float]:
     """The largest error against the golden float outputs each artifact may have, here and on a device.
 
     Float artifacts: their own error doubled, with the CPU-difference floor of :func:`_tolerance` (a float
-    conversion is either faithful or broken). INT8 artifacts: :data:`INT8_ERROR_CAP` of the golden outputs' range,
+X
     and never less than what the float conversions themselves need.
     """
     g = tallies[golden_id]
@@ -118,7 +119,7 @@ def error_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str)
         if b.precision == "fp32":
             caps[b.id] = max(2.0 * tallies[b.id].max_abs_golden, floor)
         else:
-            caps[b.id] = max(INT8_ERROR_CAP * out_range, float_need)
+            caps[b.id] = max(share * out_range, float_need)
     return caps
 
 
