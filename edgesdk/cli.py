@@ -460,6 +460,11 @@ def run(
     if pl is not None:
         print(f"placement: {pl}")
         print(f"  numerics: {pl.numerics}")
+        race = pl.engine_choice
+        if race:  # edgesdk.precision_choice.race: which engine is fastest here?
+            times = ", ".join(f"{label.split(':')[0]} {ms} ms" for label, ms in race["timings_ms"].items())
+            print(f"  engine: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
+                  f"first: {race['incumbent']})")
         choice = pl.precision_choice
         if choice:  # edgesdk.precision_choice: was INT8 faster than FP32 here?
             seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"

@@ -237,8 +237,14 @@ def test_run_json_shows_the_choice(digits_bundle, tmp_path):
     proc = subprocess.run([str(script), "run", str(digits_bundle.bundle), str(npy), "--json"], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    choice = json.loads(proc.stdout)["placement"]["precision_choice"]
+    placement = json.loads(proc.stdout)["placement"]
+    choice = placement["precision_choice"]
     assert choice["cached"] is False and choice["chosen"] in ("int8", "fp32") and choice["int8_ms"] > 0
+    race = placement["engine_choice"]  # the child's race is really timed: any engine may win, but it is this one
+    assert race["cached"] is False and race["chosen"] == placement["engine"] and len(race["timings_ms"]) == 3
+    text = subprocess.run([str(script), "run", str(digits_bundle.bundle), str(npy)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert text.returncode == 0 and f"  engine: {race['chosen']} (cached; " in text.stdout
 
 
 # -- the engine race ------------------------------------------------------------------------------------------------
