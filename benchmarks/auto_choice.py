@@ -127,6 +127,12 @@ def main() -> None:
     print(f"  placed on {auto} ({pl.precision}); load took {first_ms:.0f} ms, and {second_ms:.0f} ms with the "
           f"cached decision (cached={again.precision_choice and again.precision_choice['cached']}, "
           f"same backend: {again.artifact == pl.artifact})")
+    race = pl.engine_choice
+    if race:
+        print(f"  engine race: {race['chosen']} (profile's first: {race['incumbent']}; {race['passes']} passes) "
+              + ", ".join(f"{label} {ms} ms" for label, ms in race["timings_ms"].items()))
+    else:
+        print("  engine race: not run (one engine, or a choice or budget was given)")
     choice = pl.precision_choice
     if choice:
         print(f"  precision check: int8 {choice['int8_ms']} ms, fp32 {choice['fp32_ms']} ms, ratio {choice['ratio']}, "

@@ -403,26 +403,34 @@ def _every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | N
 
 def _race(bundle: Bundle, entrants: list[Candidate], skipped: list[Skip], unverified: set[tuple[str, str]],
           threads: int | None, opts: RuntimeOptions, engine_options: dict[str, Any]) -> dict | None:
-    """Open each engine's first candidate (numerics checked, isolated when asked) and race them
-    (:func:`edgesdk.precision_choice.race`); None when fewer than two open. All are closed again."""
-    opened: list[tuple[Candidate, Engine]] = []
-    try:
-        for cand in entrants:
+    """Time each engine's first candidate alone, in passes (:mod:`edgesdk.precision_choice`): opened (numerics checked
+    and isolated when asked, in the first pass), timed, closed. A candidate that does not open is skipped, as in the
+    load walk. None when fewer than two could be timed."""
+    passes: list[dict[Candidate, float]] = []
+    racing = list(entrants)
+    for n in range(precision_choice.RACE_PASSES):
+        times: dict[Candidate, float] = {}
+        for cand in racing:
             try:
-                engine, _ = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
+                engine, _ = _open(bundle, cand, threads, opts.check_numerics and n == 0, engine_options,
+                                  opts.isolate and n == 0)
             except BackendUnavailable as exc:
                 skipped.append(Skip(cand, exc.reason, exc.detail))
                 if exc.reason == "device_missing" and (cand.engine, cand.device) in unverified:
                     autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
                 continue
-            opened.append((cand, engine))
             _ENGINES_LOADED.add(cand.engine)
-        if len(opened) < 2:
+            try:
+                times[cand] = precision_choice.time_alone(bundle, engine)
+            except Exception as exc:  # it would fail when served too: the race goes on without it
+                skipped.append(Skip(cand, "run_failed", f"{cand.label()} failed while timed: {exc}"))
+            finally:
+                engine.close()
+        racing = [c for c in racing if c in times]
+        if len(racing) < 2:
             return None
-        return precision_choice.race(bundle, opened, threads, opts.performance, entrants)
-    finally:
-        for _, engine in opened:
-            engine.close()
+        passes.append(times)
+    return precision_choice.decide_race(bundle, entrants, passes, threads, opts.performance)
 
 
 def _faster(bundle: Bundle, held: tuple[Model, Candidate], loaded: tuple[Model, Candidate], threads: int | None,

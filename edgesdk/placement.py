@@ -43,7 +43,7 @@ class Placement:
     :mod:`edgesdk.precision_choice` (``int8``/``fp32`` candidates, ``int8_ms``, ``fp32_ms``, ``ratio``,
     ``pairs``, ``int8_slower_in``, ``chosen``, ``cached``, ``method``); None when no such choice was made.
     ``engine_choice`` is the engine race of the same module (``kind``, ``chosen`` engine, ``incumbent`` (the
-    profile's first), ``timings_ms`` and ``ratio_to_incumbent`` per candidate, ``rounds``, ``cached``, ``method``);
+    profile's first), ``timings_ms`` and ``ratio_to_incumbent`` per candidate, ``passes``, ``cached``, ``method``);
     None when there was none (one engine, or an engine, device, artifact or memory budget was given).
     """
 

@@ -149,21 +149,21 @@ def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp
     return decision
 
 
-# -- which engine: the first candidate of each engine on the first device kind, timed side by side ---------------
+# -- which engine: the first candidate of each engine on the first device kind, timed one after the other ----------
 # The profile's engine order is a guess made for a device family; on a given CPU another engine's kernels may be
 # clearly faster (OpenVINO's INT8 beats XNNPACK's by ~15% on an AMX Xeon, and less or not at all elsewhere). So at
 # the first load under the speed policies, with no engine, device or artifact named and no memory budget, the first
-# candidate of each engine on the device kind that comes first is opened (numerics checked) and timed in round-robin
-# blocks on golden input 0; another engine displaces the profile's first only on clear evidence (more than ENGINE_MARGIN faster
-# by the median of per-round ratios, and faster in three rounds of four). The decision is cached like the INT8 one.
+# candidate of each engine on the device kind that comes first is timed on golden input 0, each alone in the
+# process (opened, timed, closed: engines loaded side by side slow each other down through their worker threads,
+# LiteRT by up to 2x, which a served model never sees), in RACE_PASSES passes. Another engine displaces the profile's
+# first only on clear evidence: more than ENGINE_MARGIN faster in every pass. The decision is cached like the INT8 one.
 
 ENGINE_MARGIN = 0.05
-RACE_WARMUP = 2
-RACE_BLOCK = 6  # runs of one engine in a row per round; the median of the last RACE_BLOCK_KEPT is its round time
-RACE_BLOCK_KEPT = 4
-RACE_MIN_ROUNDS = 3
-RACE_MAX_ROUNDS = 8
-RACE_TIME_CAP_S = 0.5
+RACE_PASSES = 2
+RACE_WARMUP = 3
+RACE_MIN_RUNS = 8
+RACE_MAX_RUNS = 24
+RACE_TIME_CAP_S = 0.15  # per engine and pass, once RACE_MIN_RUNS are timed
 
 
 def race_time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
@@ -218,45 +218,35 @@ def put_first(eligible: list[Candidate], decision: dict[str, Any]) -> list[Candi
     return order
 
 
-def race(bundle: Bundle, opened: Sequence[tuple[Candidate, Engine]], threads: int | None,
-         performance: str, entrants: Sequence[Candidate]) -> dict[str, Any]:
-    """Time the opened candidates in round-robin blocks on golden input 0 (bounded: at most ``RACE_WARMUP +
-    RACE_MAX_ROUNDS * RACE_BLOCK`` runs each, ``RACE_MIN_ROUNDS`` rounds once ``RACE_TIME_CAP_S`` is spent), decide,
-    and cache the decision (under the ``entrants`` that were asked for, so a later load with the same candidates
-    reads it)."""
+def time_alone(bundle: Bundle, engine: Engine) -> float:
+    """Median seconds of one inference of ``engine`` on golden input 0, after a warm-up (bounded: at most
+    ``RACE_WARMUP + RACE_MAX_RUNS`` runs, ``RACE_MIN_RUNS`` once ``RACE_TIME_CAP_S`` is spent)."""
     feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
     for _ in range(RACE_WARMUP):
-        for _, engine in opened:
-            engine.run(feeds)
-    # Blocks, not single runs alternated: the engine that just ran keeps its worker threads spinning for a while
-    # (ONNX Runtime's, XNNPACK's), which would slow whichever runs next; a served model runs alone.
-    times: list[list[float]] = [[] for _ in opened]
-    spent = 0.0
-    for r in range(RACE_MAX_ROUNDS):
-        if r >= RACE_MIN_ROUNDS and spent >= RACE_TIME_CAP_S:
-            break
-        order = list(range(len(opened)))
-        order = order[r % len(order):] + order[:r % len(order)]  # each goes first in turn
-        for i in order:
-            block = [race_time_run(opened[i][1], feeds) for _ in range(RACE_BLOCK)]
-            spent += sum(block)
-            times[i].append(float(np.median(block[-RACE_BLOCK_KEPT:])))
-    runs = np.asarray(times)  # entrants x rounds
-    ratios = runs / np.maximum(runs[0], 1e-12)  # against the profile's first, round by round
-    medians = np.median(ratios, axis=1)
-    winner = 0
-    for i in range(1, len(opened)):
-        clear = medians[i] < 1 - ENGINE_MARGIN and float(np.percentile(ratios[i], 75)) < 1.0
-        if clear and medians[i] < medians[winner]:
-            winner = i
-    first = opened[0][0]
-    decision = {"kind": first.kind, "chosen": opened[winner][0].engine, "incumbent": first.engine,
-                "timings_ms": {c.label(): round(float(np.median(runs[i])) * 1e3, 4) for i, (c, _) in enumerate(opened)},
-                "ratio_to_incumbent": {c.label(): round(float(medians[i]), 3) for i, (c, _) in enumerate(opened)},
-                "rounds": int(runs.shape[1]), "cached": False,
-                "method": f"{runs.shape[1]} round-robin rounds of {RACE_BLOCK} runs each (median of the last "
-                          f"{RACE_BLOCK_KEPT}) on golden input 0 after {RACE_WARMUP} warm-up; another "
-                          f"engine displaces the profile's first ({first.engine}) when its median per-round time "
-                          f"ratio is below {1 - ENGINE_MARGIN:g} and it was faster in 3 rounds of 4"}
+        engine.run(feeds)
+    times: list[float] = []
+    while len(times) < RACE_MAX_RUNS and (len(times) < RACE_MIN_RUNS or sum(times) < RACE_TIME_CAP_S):
+        times.append(race_time_run(engine, feeds))
+    return float(np.median(times))
+
+
+def decide_race(bundle: Bundle, entrants: Sequence[Candidate], passes: Sequence[dict[Candidate, float]],
+                threads: int | None, performance: str) -> dict[str, Any] | None:
+    """The engine that serves, from each pass's median seconds per candidate (the first candidate of the first pass
+    is the incumbent); cached under the ``entrants`` asked for. None when fewer than two were timed in every pass."""
+    timed = [c for c in passes[0] if all(c in p for p in passes)] if passes else []
+    if len(timed) < 2:
+        return None
+    incumbent = timed[0]
+    ratios = {c: [p[c] / max(p[incumbent], 1e-12) for p in passes] for c in timed}
+    clear = [c for c in timed[1:] if max(ratios[c]) < 1 - ENGINE_MARGIN]
+    winner = min(clear, key=lambda c: float(np.mean(ratios[c])), default=incumbent)
+    decision = {"kind": incumbent.kind, "chosen": winner.engine, "incumbent": incumbent.engine,
+                "timings_ms": {c.label(): round(float(np.median([p[c] for p in passes])) * 1e3, 4) for c in timed},
+                "ratio_to_incumbent": {c.label(): round(float(np.mean(ratios[c])), 3) for c in timed},
+                "passes": len(passes), "cached": False,
+                "method": f"each engine alone on golden input 0 (median of {RACE_MIN_RUNS}-{RACE_MAX_RUNS} runs after "
+                          f"{RACE_WARMUP} warm-up), {len(passes)} passes; another engine displaces the profile's "
+                          f"first ({incumbent.engine}) when it is more than {ENGINE_MARGIN:.0%} faster in every pass"}
     autotune.store(_race_key(bundle, entrants, threads, performance), decision, CACHE_FILE)
     return decision
