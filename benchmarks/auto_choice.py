@@ -129,10 +129,13 @@ def main() -> None:
           f"same backend: {again.artifact == pl.artifact})")
     race = pl.engine_choice
     if race:
-        print(f"  engine race: {race['chosen']} (profile's first: {race['incumbent']}; {race['passes']} passes) "
-              + ", ".join(f"{label} {ms} ms" for label, ms in race["timings_ms"].items()))
+        print(f"  race: {race['chosen']} (profile's first: {race['incumbent']}; fastest/first per pass "
+              f"{race['leader_ratio']})")
+        for label, ms in sorted(race["timings_ms"].items(), key=lambda kv: kv[1]):
+            bench = f", bench {p50[label]:.3f} ms" if label in p50 else ""
+            print(f"    {label:<52} {ms:8.3f} ms alone at load{bench}")
     else:
-        print("  engine race: not run (one engine, or a choice or budget was given)")
+        print("  race: not run (one candidate, or a choice, a budget or speed_check said so)")
     choice = pl.precision_choice
     if choice:
         print(f"  precision check: int8 {choice['int8_ms']} ms, fp32 {choice['fp32_ms']} ms, ratio {choice['ratio']}, "

@@ -7,10 +7,12 @@ load skips the timing; any change of the three gives a new key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -60,20 +62,43 @@ def lookup(key: str, name: str = "autotune.json") -> dict[str, Any] | None:
         return None  # no cache, or an unreadable one: measure again
 
 
+_STORE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock on ``path`` for the block (none where fcntl is missing, e.g. Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def store(key: str, decision: dict[str, Any], name: str = "autotune.json") -> None:
+    """Add ``decision`` under ``key`` to the cache dir's file ``name``. Read, merge and replace happen under a lock
+    (a thread lock, and an advisory file lock where the OS has one), so concurrent loads, in threads or processes,
+    do not drop each other's decisions; the file is replaced atomically, so a reader never sees half of it."""
     path = cache_dir() / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        if not isinstance(data, dict):
-            data = {}  # a file that is not ours: replaced
-        data[key] = decision
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
+        with _STORE_LOCK, _file_lock(path.with_suffix(".lock")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = {}
+            if not isinstance(data, dict):
+                data = {}  # a file that is not ours: replaced
+            data[key] = decision
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(path)
     except OSError:
         pass  # a read-only home must not break loading; the next load measures again
 
@@ -107,16 +132,4 @@ def failed_probe(engine: str, device: str) -> str | None:
 
 
 def remember_failed_probe(engine: str, device: str, detail: str) -> None:
-    path = cache_dir() / "probes.json"
-    try:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data[_probe_key(engine, device)] = detail
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass
+    store(_probe_key(engine, device), detail, "probes.json")

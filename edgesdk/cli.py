@@ -379,6 +379,9 @@ def run(
     allow_failed: bool = typer.Option(False, "--allow-failed", help="Serve an artifact that failed its validation "
                                       "gate at quantize time (--artifact, or when nothing else serves), with a "
                                       "warning."),
+    speed_check: str = typer.Option("full", "--speed-check", help="At the first load here, time every candidate "
+                                     "of the first device kind and serve the fastest (full), only INT8 against FP32 "
+                                     "(precision), or nothing (off). Cached per machine."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Platform profile name or file (default: detect)."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the golden numerics self-check at load."),
     memory_mb: Optional[float] = typer.Option(None, "--memory-mb", help="Memory budget of the process in MB."),
@@ -414,8 +417,8 @@ def run(
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
     hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
-                 allow_failed=allow_failed, profile=profile, check_numerics=not no_check, memory_mb=memory_mb,
-                 thermal=governor, **hybrid)
+                 allow_failed=allow_failed, speed_check=speed_check, profile=profile, check_numerics=not no_check,
+                 memory_mb=memory_mb, thermal=governor, **hybrid)
     results: list = []
     with model:
         for p in inputs:
@@ -461,9 +464,9 @@ def run(
         print(f"placement: {pl}")
         print(f"  numerics: {pl.numerics}")
         race = pl.engine_choice
-        if race:  # edgesdk.precision_choice.race: which engine is fastest here?
-            times = ", ".join(f"{label.split(':')[0]} {ms} ms" for label, ms in race["timings_ms"].items())
-            print(f"  engine: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
+        if race:  # edgesdk.precision_choice race: which engine and precision are fastest here?
+            times = ", ".join(f"{label.split(':')[-1]} {ms} ms" for label, ms in race["timings_ms"].items())
+            print(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
                   f"first: {race['incumbent']})")
         choice = pl.precision_choice
         if choice:  # edgesdk.precision_choice: was INT8 faster than FP32 here?

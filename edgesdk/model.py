@@ -73,6 +73,15 @@ class RuntimeOptions:
     :class:`BackendUnavailable` with reason ``validation_failed``. ``allow_failed=True`` lets such artifacts
     serve (a named one first, others only after every artifact that passed) and warns with
     :class:`~edgesdk.errors.FailedArtifactWarning` when one is loaded. A thermal budget never switches to one.
+
+    ``speed_check`` (policies ``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``; see
+    :mod:`edgesdk.precision_choice`): ``"full"`` (default) times, at the first load on a machine, every candidate of
+    the first device kind alone (each engine's INT8 and FP32) and serves the fastest, the profile's first unless
+    another is clearly faster; ``"precision"`` keeps the profile's engine order and only times INT8 against the
+    FP32 artifact of the same engine and device; ``"off"`` times nothing (the profile's order, INT8 first). The
+    decisions are cached per machine; nothing is timed with ``performance="throughput"``, an explicit ``artifact``,
+    or a bundle without golden inputs, and the full check also needs no ``engine``/``device`` named and room in
+    the memory limit for every engine it opens.
     """
 
     policy: str = "auto"
@@ -88,6 +97,7 @@ class RuntimeOptions:
     trust: Trust | None = None
     isolate: bool = False
     allow_failed: bool = False
+    speed_check: str = "full"
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
 
@@ -191,6 +201,9 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     if opts.threads is not None and (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
                                      or not 1 <= opts.threads <= 256):
         raise InputError(f"threads must be an integer from 1 to 256, got {opts.threads!r}")
+    if opts.speed_check not in precision_choice.SPEED_CHECKS:
+        raise InputError(f"speed_check must be one of {', '.join(precision_choice.SPEED_CHECKS)}, got "
+                         f"{opts.speed_check!r}")
     if not isinstance(opts.allow_failed, bool):
         raise InputError(f"allow_failed must be True or False, got {opts.allow_failed!r}")
     if opts.performance not in PERFORMANCE:
@@ -260,20 +273,28 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     costs = memory.CostBook()
     over_budget: list[BudgetExceeded] = []
     failed_devices: dict[tuple[str, str], Skip] = {}
-    # Which engine is fastest here (edgesdk.precision_choice.race)? Timed once per machine, then cached.
-    engine_choice = None
-    if precision_choice.race_applies(opts.policy, opts.engine, opts.device, opts.artifact, budget_mb):
+    # Which engine and precision are fastest here (edgesdk.precision_choice)? Timed once per machine, then cached.
+    engine_choice, race_probed = None, set()
+    if precision_choice.race_applies(opts.speed_check, opts.policy, opts.engine, opts.device, opts.artifact,
+                                     opts.performance, bundle):
         entrants = precision_choice.shortlist(eligible, failed_gates, unverified)
         if len(entrants) > 1:
-            engine_choice = precision_choice.cached_race(bundle, entrants, threads, opts.performance) or \
-                _race(bundle, entrants, skipped, unverified, threads, opts, engine_options)
+            engine_choice = precision_choice.cached_race(bundle, entrants, threads, opts.performance)
+            if engine_choice is None and _race_fits(bundle, entrants, costs, limit, in_use_mb()):
+                engine_choice = _race(bundle, entrants, skipped, unverified, threads, opts, engine_options,
+                                      race_probed)
+            failed = {s.candidate for s in skipped}  # skipped by the race already: not opened again
+            eligible = [c for c in eligible if c not in failed]
             if engine_choice is not None:
-                failed = {s.candidate for s in skipped}  # skipped by the race already: not opened again
-                eligible = precision_choice.put_first([c for c in eligible if c not in failed], engine_choice)
+                eligible = precision_choice.put_first(eligible, engine_choice)
+                # still: allowed artifacts that failed their gate last, unless one was asked for by name
+                eligible.sort(key=lambda c: c.artifact in failed_gates and c.artifact != opts.artifact)
 
-    # Then, within the engine: is INT8 really faster here (edgesdk.precision_choice)? A cached decision orders the
-    # candidates now; an INT8 candidate without one is timed against its FP32 rival once both are loaded, below.
-    choose_precision = precision_choice.applies(opts.policy, opts.artifact)
+    # Without a race (an engine or device named, or no room for it): is INT8 really faster than FP32 on the first
+    # engine? A cached decision orders the candidates now; an INT8 candidate without one is timed against its FP32
+    # rival once both are loaded, below.
+    choose_precision = engine_choice is None and opts.speed_check != "off" and opts.performance == "latency" \
+        and precision_choice.applies(opts.policy, opts.artifact) and bool(bundle.manifest.get("golden"))
     known_choices: dict[str, dict] = {}
     if choose_precision:
         eligible, known_choices = precision_choice.arrange(bundle, eligible, threads, opts.performance,
@@ -294,14 +315,16 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             file_bytes = sum(f["bytes"] for f in art.entry["files"])
             expected, measured = costs.expected_mb(cost_key, file_bytes, cand.engine)
             try:
-                memory.check_fits(cand.label(), expected, limit, in_use_mb())
+                # a held INT8 model (timed against this FP32 rival next) is not in the caller's accounts yet
+                memory.check_fits(cand.label(), expected, limit, in_use_mb() + (held[0].cost_mb if held else 0.0))
             except BudgetExceeded as exc:
                 over_budget.append(exc)
                 skipped.append(Skip(cand, "memory", exc.detail))
                 continue
             before = memory.rss_mb()
             try:
-                engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options, opts.isolate)
+                engine, check = _open(bundle, cand, threads, opts.check_numerics, engine_options,
+                                      opts.isolate and cand not in race_probed)
             except BackendUnavailable as exc:
                 skip = Skip(cand, exc.reason, exc.detail)
                 skipped.append(skip)
@@ -327,7 +350,9 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
                 effective_precision=engine.effective_precision, fully_accelerated=engine.fully_accelerated,
                 numerics=check, policy=opts.policy,
                 profile=getattr(profile, "name", None), skipped=skipped, autotune=decision,
-                precision_choice=precision_choice.shown(cand, known_choices), engine_choice=engine_choice)
+                precision_choice=precision_choice.shown(cand, known_choices) if engine_choice is None else
+                precision_choice.precision_from_race(engine_choice, cands) if cand.label() == engine_choice["chosen"]
+                else None, engine_choice=engine_choice)
             try:
                 alternatives = []
                 if opts.budgets.thermal is not None:  # where a hot device may move it
@@ -401,36 +426,59 @@ def _every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | N
         f"calibration data or another --max-drop) or pass allow_failed=True (CLI: --allow-failed) to serve one anyway")
 
 
+def _race_fits(bundle: Bundle, entrants: list[Candidate], costs: memory.CostBook, limit: memory.MemoryLimit,
+               in_use: float) -> bool:
+    """Whether the race may open every entrant: one at a time, but each engine's runtime stays in the process."""
+    need = 0.0
+    for c in entrants:
+        files = bundle.artifact(c.artifact).entry["files"]
+        key = memory.CostBook.key(files[0]["sha256"], c.engine, c.device)
+        need += costs.expected_mb(key, sum(f["bytes"] for f in files), c.engine)[0]
+    return need <= limit.limit_mb - in_use
+
+
 def _race(bundle: Bundle, entrants: list[Candidate], skipped: list[Skip], unverified: set[tuple[str, str]],
-          threads: int | None, opts: RuntimeOptions, engine_options: dict[str, Any]) -> dict | None:
-    """Time each engine's first candidate alone, in passes (:mod:`edgesdk.precision_choice`): opened (numerics checked
-    and isolated when asked, in the first pass), timed, closed. A candidate that does not open is skipped, as in the
-    load walk. None when fewer than two could be timed."""
-    passes: list[dict[Candidate, float]] = []
-    racing = list(entrants)
-    for n in range(precision_choice.RACE_PASSES):
-        times: dict[Candidate, float] = {}
-        for cand in racing:
-            try:
-                engine, _ = _open(bundle, cand, threads, opts.check_numerics and n == 0, engine_options,
-                                  opts.isolate and n == 0)
-            except BackendUnavailable as exc:
-                skipped.append(Skip(cand, exc.reason, exc.detail))
-                if exc.reason == "device_missing" and (cand.engine, cand.device) in unverified:
-                    autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
-                continue
-            _ENGINES_LOADED.add(cand.engine)
-            try:
-                times[cand] = precision_choice.time_alone(bundle, engine)
-            except Exception as exc:  # it would fail when served too: the race goes on without it
-                skipped.append(Skip(cand, "run_failed", f"{cand.label()} failed while timed: {exc}"))
-            finally:
-                engine.close()
-        racing = [c for c in racing if c in times]
-        if len(racing) < 2:
+          threads: int | None, opts: RuntimeOptions, engine_options: dict[str, Any],
+          probed: set[Candidate]) -> dict | None:
+    """Time each entrant alone (:mod:`edgesdk.precision_choice`): opened (numerics checked and isolated when asked:
+    ``probed`` collects what an isolated probe already passed), timed, closed; then the leader and the incumbent once
+    more. A candidate that does not open is skipped, as in the load walk. None when fewer than two were timed."""
+
+    def timed(cand: Candidate, first: bool) -> float | None:
+        try:
+            engine, _ = _open(bundle, cand, threads, opts.check_numerics and first, engine_options,
+                              opts.isolate and first)
+        except BackendUnavailable as exc:
+            skipped.append(Skip(cand, exc.reason, exc.detail))
+            if exc.reason == "device_missing" and (cand.engine, cand.device) in unverified:
+                autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
             return None
-        passes.append(times)
-    return precision_choice.decide_race(bundle, entrants, passes, threads, opts.performance)
+        if opts.isolate:
+            probed.add(cand)
+        _ENGINES_LOADED.add(cand.engine)
+        try:
+            return precision_choice.time_alone(bundle, engine)
+        except Exception as exc:  # it would fail when served too: the race goes on without it
+            skipped.append(Skip(cand, "run_failed", f"{cand.label()} failed while timed: {exc}"))
+            return None
+        finally:
+            engine.close()
+
+    first: dict[Candidate, float] = {}
+    for cand in entrants:
+        seconds = timed(cand, True)
+        if seconds is not None:
+            first[cand] = seconds
+    if len(first) < 2:
+        return None
+    second: dict[Candidate, float] = {}
+    incumbent, best = next(iter(first)), precision_choice.leader(first)
+    if best != incumbent:
+        for cand in (incumbent, best):
+            seconds = timed(cand, False)
+            if seconds is not None:
+                second[cand] = seconds
+    return precision_choice.decide_race(bundle, entrants, first, second, threads, opts.performance)
 
 
 def _faster(bundle: Bundle, held: tuple[Model, Candidate], loaded: tuple[Model, Candidate], threads: int | None,

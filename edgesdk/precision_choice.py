@@ -1,22 +1,27 @@
-"""Is INT8 really faster on this CPU? Time it against the FP32 artifact of the same engine and device, once.
+"""Which engine and precision are fastest on this CPU? Measured once per machine at first load, then cached.
 
-The speed policies (``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``) rank INT8 before FP32, but an INT8
-artifact is not faster everywhere: without VNNI/AMX (an AMD Zen 3, say), XNNPACK's INT8 depthwise kernels and
-the quantize/dequantize ops can cost as much as the float ones save. So when the first candidate that loads is
-INT8 and an FP32 candidate on the same engine and device remains, :func:`edgesdk.load` opens that one too and
-times both here in pairs of back-to-back runs on the bundle's first golden input (bounded: at most ``2 *
-(WARMUP_PAIRS + MAX_PAIRS)`` inferences, ``MIN_PAIRS`` pairs once ``TIME_CAP_S`` is spent). Each pair gives an
-int8/fp32 ratio under the same machine load. FP32 serves only on clear evidence: the median ratio above ``1 +
-MARGIN`` *and* INT8 slower in at least three pairs of four (the lower quartile above 1). Otherwise INT8 keeps its
-place: it is the smaller model in memory, and on a shared machine a burst of other work can make either run slow,
-so a split measurement must not move a decision that is then cached.
+The speed policies (``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``) rank candidates by the platform
+profile's engine order, INT8 before FP32; neither holds everywhere: without VNNI/AMX (an AMD Zen 3, say), XNNPACK's
+INT8 depthwise kernels and the quantize/dequantize ops can cost as much as the float ones save, and which engine's
+kernels are fastest differs from one CPU class to the next. Two checks, chosen by ``RuntimeOptions.speed_check``:
 
-The decision is cached per (bundle fingerprint, machine, engine versions, the pair, threads, performance) in
-``precision.json`` beside autotune's decisions (:func:`edgesdk.autotune.cache_dir`), so later loads read it and
-time nothing; a cached FP32 decision puts the FP32 candidate before its INT8 one in the load order. The result
-is ``placement.precision_choice``. ``max-efficiency`` keeps INT8 first without timing (INT8 moves a quarter of
-the weight bytes, which saves energy even where it is not faster), ``autotune`` times every candidate itself,
-and an explicit ``artifact=`` is never second-guessed.
+- ``"full"`` (default), *the race* (bottom of this module): every candidate on the first device kind, INT8 and FP32
+  of each engine, timed alone; the fastest displaces the profile's first only on clear evidence.
+- ``"precision"`` (and ``"full"`` where the race cannot run), *the pair*: when the first candidate that loads is
+  INT8 and an FP32 candidate on the same engine and device remains, :func:`edgesdk.load` opens that one too and
+  times both here in pairs of back-to-back runs on the bundle's first golden input (bounded: at most ``2 *
+  (WARMUP_PAIRS + MAX_PAIRS)`` inferences, ``MIN_PAIRS`` pairs once ``TIME_CAP_S`` is spent). Each pair gives an
+  int8/fp32 ratio under the same machine load. FP32 serves only on clear evidence: the median ratio above ``1 +
+  MARGIN`` *and* INT8 slower in at least three pairs of four (the lower quartile above 1). Otherwise INT8 keeps its
+  place: it is the smaller model in memory, and on a shared machine a burst of other work can make either run slow,
+  so a split measurement must not move a decision that is then cached.
+
+Decisions are cached per (bundle fingerprint, machine, engine versions, the candidates, threads, performance) in
+``precision.json`` beside autotune's decisions (:func:`edgesdk.autotune.cache_dir`), so later loads read them and
+time nothing. They show as ``placement.engine_choice`` (the race) and ``placement.precision_choice``.
+``max-efficiency`` keeps INT8 first without timing (INT8 moves a quarter of the weight bytes, which saves energy even
+where it is not faster), ``autotune`` times every candidate itself, and an explicit ``artifact=`` is never
+second-guessed.
 """
 
 from __future__ import annotations
@@ -149,69 +154,73 @@ def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp
     return decision
 
 
-# -- which engine: the first candidate of each engine on the first device kind, timed one after the other ----------
+# -- which engine and precision: the candidates of the first device kind, each timed alone --------------------------
 # The profile's engine order is a guess made for a device family; on a given CPU another engine's kernels may be
-# clearly faster (OpenVINO's INT8 beats XNNPACK's by ~15% on an AMX Xeon, and less or not at all elsewhere). So at
-# the first load under the speed policies, with no engine, device or artifact named and no memory budget, the first
-# candidate of each engine on the device kind that comes first is timed on golden input 0, each alone in the
-# process (opened, timed, closed: engines loaded side by side slow each other down through their worker threads,
-# LiteRT by up to 2x, which a served model never sees), in RACE_PASSES passes. Another engine displaces the profile's
-# first only on clear evidence: more than ENGINE_MARGIN faster in every pass. The decision is cached like the INT8 one.
+# clearly faster (OpenVINO's INT8 beats XNNPACK's by ~15% on an AMX Xeon), and INT8 may not beat FP32 at all (LiteRT
+# on an AVX2 CPU without VNNI). So at the first load under the speed policies (``speed_check="full"``, the default),
+# with no engine, device or artifact named, every candidate on the device kind that comes first (each engine's INT8
+# and FP32 artifact) is timed on golden input 0, each alone in the process (opened, timed, closed: engines loaded side
+# by side slow each other down through their worker threads, LiteRT by up to 2x, which a served model never sees).
+# Then the fastest and the profile's first are timed once more; the fastest displaces the profile's first only when
+# it is more than ENGINE_MARGIN faster both times. The decision is cached like the INT8 one.
 
+SPEED_CHECKS = ("full", "precision", "off")
 ENGINE_MARGIN = 0.05
-RACE_PASSES = 2
-RACE_WARMUP = 3
-RACE_MIN_RUNS = 8
-RACE_MAX_RUNS = 24
-RACE_TIME_CAP_S = 0.15  # per engine and pass, once RACE_MIN_RUNS are timed
+RACE_WARMUP = 2
+RACE_MIN_RUNS = 5
+RACE_MAX_RUNS = 20
+RACE_TIME_CAP_S = 0.1  # per candidate and pass, once RACE_MIN_RUNS are timed
 
 
 def race_time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
-    """Seconds one inference takes in the engine race (a seam of its own, so a test may fake one check's clock and
-    not the other's)."""
+    """Seconds one inference takes in the race (a seam of its own, so a test may fake one check's clock and not the
+    other's)."""
     t0 = time.perf_counter()
     engine.run(feeds)
     return time.perf_counter() - t0
 
 
-def race_applies(policy: str, engine: str | None, device: str | None, artifact: str | None,
-                 budget_mb: float | None) -> bool:
-    return policy in POLICIES and engine is None and device is None and artifact is None and budget_mb is None
+def race_applies(speed_check: str, policy: str, engine: str | None, device: str | None, artifact: str | None,
+                 performance: str, bundle: Bundle) -> bool:
+    """Only for one inference at a time (``performance="throughput"`` is a matter of parallel streams, which a
+    latency race does not see) and where golden inputs exist to time on."""
+    return (speed_check == "full" and policy in POLICIES and engine is None and device is None and artifact is None
+            and performance == "latency" and bool(bundle.manifest.get("golden")))
 
 
 def shortlist(eligible: Sequence[Candidate], barred: Collection[str] = (),
               unverified: Collection[tuple[str, str]] = ()) -> list[Candidate]:
-    """The first candidate of each engine on the device kind of the first candidate, in load order. Devices only a
-    load can confirm (``unverified``: LiteRT's GPU/NPU) are left to the load walk's probe, not raced."""
+    """Every candidate on the device kind of the first candidate, in load order, except artifacts that failed their
+    gate (``barred``) and devices only a load can confirm (``unverified``: LiteRT's GPU/NPU, left to the load walk's
+    probe)."""
     eligible = [c for c in eligible if (c.engine, c.device) not in unverified]
     if not eligible:
         return []
-    kind, first = eligible[0].kind, {}
-    for c in eligible:
-        if c.kind == kind and c.engine not in first and c.artifact not in barred:
-            first[c.engine] = c
-    return list(first.values())
+    kind = eligible[0].kind
+    return [c for c in eligible if c.kind == kind and c.artifact not in barred]
 
 
 def _race_key(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None, performance: str) -> str:
-    return autotune.cache_key(bundle, {"engine_race": " vs ".join(c.label() for c in entrants),
+    return autotune.cache_key(bundle, {"race": " vs ".join(c.label() for c in entrants),
                                        "threads": str(threads), "performance": performance})
 
 
 def cached_race(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None,
                 performance: str) -> dict[str, Any] | None:
     decision = autotune.lookup(_race_key(bundle, entrants, threads, performance), CACHE_FILE)
-    if not isinstance(decision, dict) or decision.get("chosen") not in {c.engine for c in entrants}:
+    if not isinstance(decision, dict) or decision.get("chosen") not in {c.label() for c in entrants}:
         return None
     return {**decision, "cached": True}
 
 
 def put_first(eligible: list[Candidate], decision: dict[str, Any]) -> list[Candidate]:
-    """The winner engine's candidates of the raced device kind go first among that kind's candidates (each keeping
+    """On the raced device kind: the winner first, then the other candidates of its engine, then the rest (each in
     its order); the places of other kinds' candidates do not change."""
-    kind, engine = decision["kind"], decision["chosen"]
+    kind, label = decision["kind"], decision["chosen"]
+    engine = next(c.engine for c in eligible if c.label() == label) if any(c.label() == label for c in eligible) \
+        else None
     slots = [i for i, c in enumerate(eligible) if c.kind == kind]
-    raced = sorted((eligible[i] for i in slots), key=lambda c: c.engine != engine)
+    raced = sorted((eligible[i] for i in slots), key=lambda c: (c.label() != label, c.engine != engine))
     order = list(eligible)
     for i, c in zip(slots, raced):
         order[i] = c
@@ -230,23 +239,43 @@ def time_alone(bundle: Bundle, engine: Engine) -> float:
     return float(np.median(times))
 
 
-def decide_race(bundle: Bundle, entrants: Sequence[Candidate], passes: Sequence[dict[Candidate, float]],
-                threads: int | None, performance: str) -> dict[str, Any] | None:
-    """The engine that serves, from each pass's median seconds per candidate (the first candidate of the first pass
-    is the incumbent); cached under the ``entrants`` asked for. None when fewer than two were timed in every pass."""
-    timed = [c for c in passes[0] if all(c in p for p in passes)] if passes else []
-    if len(timed) < 2:
-        return None
-    incumbent = timed[0]
-    ratios = {c: [p[c] / max(p[incumbent], 1e-12) for p in passes] for c in timed}
-    clear = [c for c in timed[1:] if max(ratios[c]) < 1 - ENGINE_MARGIN]
-    winner = min(clear, key=lambda c: float(np.mean(ratios[c])), default=incumbent)
-    decision = {"kind": incumbent.kind, "chosen": winner.engine, "incumbent": incumbent.engine,
-                "timings_ms": {c.label(): round(float(np.median([p[c] for p in passes])) * 1e3, 4) for c in timed},
-                "ratio_to_incumbent": {c.label(): round(float(np.mean(ratios[c])), 3) for c in timed},
-                "passes": len(passes), "cached": False,
-                "method": f"each engine alone on golden input 0 (median of {RACE_MIN_RUNS}-{RACE_MAX_RUNS} runs after "
-                          f"{RACE_WARMUP} warm-up), {len(passes)} passes; another engine displaces the profile's "
-                          f"first ({incumbent.engine}) when it is more than {ENGINE_MARGIN:.0%} faster in every pass"}
+def leader(first: dict[Candidate, float]) -> Candidate:
+    return min(first, key=first.get)
+
+
+def decide_race(bundle: Bundle, entrants: Sequence[Candidate], first: dict[Candidate, float],
+                second: dict[Candidate, float], threads: int | None, performance: str) -> dict[str, Any]:
+    """The candidate that serves, from the first pass (every candidate that opened; the first of them is the
+    incumbent) and the second (the incumbent and the first pass's leader again); cached under ``entrants``."""
+    timed = list(first)
+    incumbent, best = timed[0], leader(first)
+    ratios = [first[best] / max(first[incumbent], 1e-12)]
+    if best in second and incumbent in second:
+        ratios.append(second[best] / max(second[incumbent], 1e-12))
+    clear = best != incumbent and len(ratios) == 2 and max(ratios) < 1 - ENGINE_MARGIN
+    winner = best if clear else incumbent
+    decision = {"kind": incumbent.kind, "chosen": winner.label(), "engine": winner.engine,
+                "precision": winner.precision, "incumbent": incumbent.label(),
+                "timings_ms": {c.label(): round(first[c] * 1e3, 4) for c in timed},
+                "leader_ratio": [round(r, 3) for r in ratios], "cached": False,
+                "method": f"each candidate alone on golden input 0 (median of {RACE_MIN_RUNS}-{RACE_MAX_RUNS} runs "
+                          f"after {RACE_WARMUP} warm-up), then the fastest and the profile's first once more; the "
+                          f"fastest displaces the profile's first ({incumbent.label()}) when it is more than "
+                          f"{ENGINE_MARGIN:.0%} faster both times"}
     autotune.store(_race_key(bundle, entrants, threads, performance), decision, CACHE_FILE)
     return decision
+
+
+def precision_from_race(decision: dict[str, Any], eligible: Sequence[Candidate]) -> dict[str, Any] | None:
+    """The INT8-against-FP32 view of a race, for ``placement.precision_choice``: the winner engine's two artifacts as
+    the race timed them (None when it timed only one)."""
+    on = [c for c in eligible if c.kind == decision["kind"] and c.engine == decision["engine"]]
+    int8 = next((c for c in on if c.precision == "int8" and c.label() in decision["timings_ms"]), None)
+    fp32 = next((c for c in on if c.precision == "fp32" and c.label() in decision["timings_ms"]), None)
+    if int8 is None or fp32 is None:
+        return None
+    i_ms, f_ms = decision["timings_ms"][int8.label()], decision["timings_ms"][fp32.label()]
+    return {"int8": int8.label(), "fp32": fp32.label(), "int8_ms": i_ms, "fp32_ms": f_ms,
+            "ratio": round(i_ms / max(f_ms, 1e-9), 3), "pairs": None, "int8_slower_in": None,
+            "chosen": decision["precision"], "cached": decision["cached"],
+            "method": "from the race (placement.engine_choice): " + decision["method"]}

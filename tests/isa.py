@@ -10,8 +10,8 @@ the class by emulation, one way per engine:
   that the guest sees AVX2 and no AVX-512. Integer kernels run fast enough under emulation (the digits INT8 model:
   540 inferences in under a second); float convolutions are ~50x slower, so compute float references natively.
   Only the emulated process itself runs emulated: subprocesses it starts run natively. CPUID is Haswell's but
-  ``/proc/cpuinfo`` is the host's (qemu-user passes it through), so code that reads the flags there (``edgesdk.cpu``)
-  still sees this machine's class; numpy's ``__cpu_features__`` (CPUID) sees the emulated one.
+  ``/proc/cpuinfo`` is the host's (qemu-user passes it through); ``edgesdk.cpu`` checks its flags against numpy's
+  ``__cpu_features__`` (CPUID), so it reports the emulated class.
 - OpenVINO's CPU plugin is built on oneDNN, which honours ``ONEDNN_MAX_CPU_ISA=AVX2``: no emulation needed, and the
   digits INT8 IR gives bit-identical outputs to a qemu Haswell run. The plugin's own checks still see the host, so on a
   host with AVX512-BF16/AMX it picks bf16 for float layers and then cannot compile them under the cap ("Supported

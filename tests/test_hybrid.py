@@ -192,7 +192,8 @@ def test_a_device_backend_failing_at_run_time_escalates(digits_bundle):
 
     register_backend(NAME, ThrowingNPUEngine)  # a fake NPU whose delegate throws at run time
     try:
-        model, cloud = scripted_model(digits_bundle, require=None, check_numerics=False,
+        # speed_check="off": the load-time race would run it, find it failing and serve LiteRT instead
+        model, cloud = scripted_model(digits_bundle, require=None, check_numerics=False, speed_check="off",
                                       escalation=EscalationPolicy(threshold=0.0))
         x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
         with model:

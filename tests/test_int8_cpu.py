@@ -149,17 +149,18 @@ def test_int8_tolerance_is_capped_by_the_output_range(digits_bundle):
 
 def test_an_int8_artifact_over_the_cap_fails_and_cannot_meet_its_tolerance(tmp_path, small_digits, digits_images):
     """Calibrated on inputs a hundredth of the real ones, the INT8 activations clip: far off the float outputs.
-    The gate fails it on any CPU, and the tolerance it is given (the cap) is one it does not meet at load."""
-    from support import DIGITS_PT2, DIGITS_TOML
-
-    calib = tmp_path / "calib.npy"
+    The gate fails it on any CPU, and the tolerance it is given (the cap) is one it does not meet at load here (its
+    error on the golden inputs is over the cap too), so even allow_failed gets the float artifact instead."""
     from PIL import Image
 
-    from support import digits_pixels_to_input
+    from support import DIGITS_PT2, DIGITS_TOML, digits_pixels_to_input
+
+    calib = tmp_path / "calib.npy"
     files = sorted(small_digits.glob("*/*.png"))
     np.save(calib, digits_pixels_to_input(np.stack([np.asarray(Image.open(f)) for f in files])) / 100.0)
     out = tmp_path / "clipped.bundle"
-    with pytest.raises(ValidationFailed):
+    with pytest.raises(ValidationFailed, match=r"onnxruntime-int8 off the float outputs by more than "
+                                                r"max_error_cap=0.1 of their range"):
         quantize(DIGITS_PT2, calib, out, val=digits_images / "val", preprocess=DIGITS_TOML, targets=["onnx"],
                  samples=40, val_samples=100)
     m = json.loads((out / "manifest.json").read_text())
@@ -189,21 +190,22 @@ def test_saturating_artifact_is_accurate_here_or_refused(tmp_path, monkeypatch):
         assert v["passed"] is False and v["max_abs_error_cap_exceeded"] is True
         with edgesdk.load(bundle) as model:  # the failed artifact is skipped for the float one
             assert model.placement.artifact == "onnxruntime-fp32"
-    else:
-        assert gap < 1e-3 and v["passed"] is True
+    else:  # exact, or off by kernel rounding only: within what the device's golden check allows
+        assert gap <= m["golden"]["tolerance"]["onnxruntime-int8"] and v["passed"] is True
         with edgesdk.load(bundle, artifact="onnxruntime-int8", require="onnxruntime") as model:
             assert model.placement.artifact == "onnxruntime-int8"
             assert model.placement.numerics["checked"] is True
 
 
-def test_reduce_range_default_is_exact_here(tmp_path, monkeypatch):
-    """The default ONNX recipe (7-bit weights): the fused kernels equal the QDQ reference on this CPU, whatever it is."""
+def test_reduce_range_default_holds_here(tmp_path, monkeypatch):
+    """The default ONNX recipe (7-bit weights) on the saturating model: the fused kernels match the QDQ reference on
+    this CPU, whatever it is (exactly on x86 with or without VNNI; within the golden tolerance anywhere)."""
     from edgesdk_converters.targets import onnx as onnx_target
 
     assert onnx_target.OPTIONS["reduce_range"] is True
     bundle = build_saturating_bundle(tmp_path, monkeypatch, reduce_range=True)
-    assert kernels_vs_reference(bundle) < 1e-3
     m = json.loads((bundle / "manifest.json").read_text())
+    assert kernels_vs_reference(bundle) <= m["golden"]["tolerance"]["onnxruntime-int8"] / 10
     assert m["validation"]["onnxruntime-int8"]["passed"] is True
     assert "7-bit (reduce_range)" in next(a["method"] for a in m["artifacts"] if a["id"] == "onnxruntime-int8")
 

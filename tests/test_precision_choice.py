@@ -29,29 +29,6 @@ def cache_dir(tmp_path, monkeypatch):
     return path
 
 
-class FakeRaceClock:
-    """A fake clock for ``precision_choice.race_time_run``: an inference on an engine takes the seconds set for it;
-    the real engine still runs. ``runs`` counts the timed inferences per engine."""
-
-    def __init__(self, seconds: dict[str, float]):
-        self.seconds = seconds
-        self.runs: dict[str, int] = {}
-
-    def __call__(self, engine, feeds) -> float:
-        engine.run(feeds)
-        self.runs[engine.name] = self.runs.get(engine.name, 0) + 1
-        return self.seconds[engine.name]
-
-
-@pytest.fixture(autouse=True)
-def litert_wins_the_race(monkeypatch):
-    """These tests are about the INT8/FP32 pair of the profile's first engine (LiteRT): the engine race, which the
-    tests at the end cover, is made to keep it first."""
-    clock = FakeRaceClock({"litert": 0.001, "openvino": 0.002, "onnxruntime": 0.002})
-    monkeypatch.setattr(precision_choice, "race_time_run", clock)
-    return clock
-
-
 class FakeRunClock:
     """A fake clock for ``precision_choice.time_run``: an inference of an artifact takes the seconds set for it
     (by its model file; a list is taken in turn, over and over); ``runs`` counts the inferences timed per artifact."""
@@ -75,6 +52,8 @@ def _no_timing(engine, feeds):
 
 
 def _load(path, **kw):
+    """Load and close; the INT8/FP32 pair check alone unless the test asks for the full race."""
+    kw.setdefault("speed_check", "precision")
     with edgesdk.load(path, **kw) as model:
         return model.placement
 
@@ -107,7 +86,7 @@ def test_second_load_reads_the_decision_without_timing(digits_bundle, monkeypatc
 def test_int8_measured_slower_serves_fp32_and_next_load_starts_there(digits_bundle, monkeypatch):
     clock = FakeRunClock(digits_bundle.bundle, {INT8: 0.004, FP32: 0.002})
     monkeypatch.setattr(precision_choice, "time_run", clock)
-    with edgesdk.load(digits_bundle.bundle) as model:
+    with edgesdk.load(digits_bundle.bundle, speed_check="precision") as model:
         pl = model.placement
         assert (pl.artifact, pl.precision) == (FP32, "fp32")
         assert model._engine.model_path == Bundle.open(digits_bundle.bundle).artifact(FP32).model_path
@@ -195,8 +174,7 @@ def test_fp32_that_does_not_load_leaves_int8_serving_unmeasured(bundle_copy, cac
     assert choice["chosen"] == "int8" and choice["int8_ms"] is None and choice["cached"] is False
     assert "numerics_mismatch" in choice["method"]
     assert any(s.candidate.artifact == FP32 and s.reason == "numerics_mismatch" for s in pl.skipped)
-    stored = json.loads((cache_dir / "precision.json").read_text()).values()  # the engine race's decision only:
-    assert all("incumbent" in d for d in stored)  # the pair was not measured, so nothing of it is remembered
+    assert not (cache_dir / "precision.json").exists()  # nothing measured, nothing remembered
 
 
 def test_a_cached_fp32_choice_that_does_not_load_falls_back_to_int8(bundle_copy, monkeypatch):
@@ -222,7 +200,7 @@ def test_thermal_budget_may_still_move_an_fp32_choice_to_int8(digits_bundle, mon
     (zone / "temp").write_text("40000\n")
     governor = ThermalGovernor(LinuxThermalZones(tmp_path / "sys"), warm_c=70, hot_c=78, critical_c=90)
     monkeypatch.setattr(precision_choice, "time_run", FakeRunClock(digits_bundle.bundle, {INT8: 0.004, FP32: 0.002}))
-    with edgesdk.load(digits_bundle.bundle, thermal=governor) as model:
+    with edgesdk.load(digits_bundle.bundle, thermal=governor, speed_check="precision") as model:
         assert model.placement.artifact == FP32
         assert model._thermal.lower_power.artifact == INT8
 
@@ -240,42 +218,91 @@ def test_run_json_shows_the_choice(digits_bundle, tmp_path):
     placement = json.loads(proc.stdout)["placement"]
     choice = placement["precision_choice"]
     assert choice["cached"] is False and choice["chosen"] in ("int8", "fp32") and choice["int8_ms"] > 0
-    race = placement["engine_choice"]  # the child's race is really timed: any engine may win, but it is this one
-    assert race["cached"] is False and race["chosen"] == placement["engine"] and len(race["timings_ms"]) == 3
+    race = placement["engine_choice"]  # the child's race is really timed: any candidate may win, but it is this one
+    assert race["cached"] is False and race["chosen"].endswith(":" + placement["artifact"])
+    assert len(race["timings_ms"]) == 6
     text = subprocess.run([str(script), "run", str(digits_bundle.bundle), str(npy)], capture_output=True, text=True,
                           env=env, timeout=300)
-    assert text.returncode == 0 and f"  engine: {race['chosen']} (cached; " in text.stdout
+    assert text.returncode == 0 and f"  speed: {race['chosen']} (cached; " in text.stdout
 
 
-# -- the engine race ------------------------------------------------------------------------------------------------
+# -- the race: every candidate of the first device kind, each timed alone (speed_check="full", the default) -------
 
-def test_a_clearly_faster_engine_displaces_the_profiles_first_and_is_cached(digits_bundle, monkeypatch):
-    clock = FakeRaceClock({"litert": 0.002, "openvino": 0.001, "onnxruntime": 0.0015})
+ALL = {"litert-int8": 0.002, "litert-fp32": 0.003, "openvino-int8": 0.001, "openvino-fp32": 0.003,
+       "onnxruntime-int8": 0.0015, "onnxruntime-fp32": 0.003}
+
+
+def test_a_clearly_faster_candidate_displaces_the_profiles_first_and_is_cached(digits_bundle, monkeypatch):
+    clock = FakeRunClock(digits_bundle.bundle, ALL)
     monkeypatch.setattr(precision_choice, "race_time_run", clock)
-    pl = _load(digits_bundle.bundle)
+    monkeypatch.setattr(precision_choice, "time_run", _no_timing)  # the race decides the precision too
+    pl = _load(digits_bundle.bundle, speed_check="full")
     race = pl.engine_choice
-    assert race["chosen"] == "openvino" and race["incumbent"] == "litert" and race["kind"] == "CPU"
-    assert race["cached"] is False and race["ratio_to_incumbent"]["openvino:CPU:openvino-int8"] == 0.5
-    assert set(clock.runs) == {"litert", "openvino", "onnxruntime"}
-    assert pl.engine == "openvino" and pl.precision_choice["int8"] == "openvino:CPU:openvino-int8"
+    assert race["chosen"] == "openvino:CPU:openvino-int8" and race["incumbent"] == "litert:CPU:litert-int8"
+    assert race["cached"] is False and race["kind"] == "CPU" and race["leader_ratio"] == [0.5, 0.5]
+    assert set(race["timings_ms"]) == {f"{a.split('-')[0]}:{'CPUExecutionProvider' if a.startswith('onnx') else 'CPU'}"
+                                       f":{a}" for a in ALL}
+    # every candidate once; the leader and the profile's first once more (each pass: RACE_MAX_RUNS fake runs, whose
+    # fake times never reach the time cap)
+    passes = {a: n / precision_choice.RACE_MAX_RUNS for a, n in clock.runs.items()}
+    assert passes == {**{a: 1 for a in ALL}, "openvino-int8": 2, "litert-int8": 2}
+    assert (pl.engine, pl.artifact) == ("openvino", "openvino-int8")
+    assert pl.precision_choice["chosen"] == "int8" and pl.precision_choice["ratio"] == pytest.approx(1 / 3, abs=1e-3)
+    assert "from the race" in pl.precision_choice["method"]
     assert pl.to_dict()["engine_choice"] == race
     monkeypatch.setattr(precision_choice, "race_time_run", _no_timing)
-    again = _load(digits_bundle.bundle)
-    assert again.engine == "openvino" and again.engine_choice == {**race, "cached": True}
+    again = _load(digits_bundle.bundle, speed_check="full")
+    assert again.artifact == "openvino-int8" and again.engine_choice == {**race, "cached": True}
 
 
-def test_an_engine_within_the_margin_does_not_displace_the_first(digits_bundle, monkeypatch):
-    monkeypatch.setattr(precision_choice, "race_time_run",
-                        FakeRaceClock({"litert": 0.00100, "openvino": 0.00097, "onnxruntime": 0.002}))
-    pl = _load(digits_bundle.bundle)
-    assert pl.engine_choice["chosen"] == "litert" and pl.engine == "litert"
+def test_another_engines_fp32_can_win(digits_bundle, monkeypatch):
+    """INT8 slower than FP32 on LiteRT, and OpenVINO's INT8 in between (an AVX2 CPU without VNNI, say): the fastest
+    artifact serves, whatever its engine and precision."""
+    times = {"litert-int8": 0.010, "litert-fp32": 0.007, "openvino-int8": 0.009, "openvino-fp32": 0.011,
+             "onnxruntime-int8": 0.012, "onnxruntime-fp32": 0.013}
+    monkeypatch.setattr(precision_choice, "race_time_run", FakeRunClock(digits_bundle.bundle, times))
+    pl = _load(digits_bundle.bundle, speed_check="full")
+    assert pl.artifact == "litert-fp32" and pl.engine_choice["chosen"] == "litert:CPU:litert-fp32"
+    assert pl.precision_choice["chosen"] == "fp32" and pl.precision_choice["ratio"] == pytest.approx(10 / 7, abs=1e-3)
 
 
-@pytest.mark.parametrize("options", [{"engine": "onnxruntime"}, {"device": "CPU"}, {"memory_mb": 4096},
-                                     {"policy": "max-efficiency"}])
-def test_no_race_when_the_choice_is_given_or_budgeted(digits_bundle, monkeypatch, options):
+def test_a_candidate_within_the_margin_does_not_displace_the_first(digits_bundle, monkeypatch):
+    times = {a: 0.001 for a in ALL} | {"openvino-int8": 0.00097}
+    monkeypatch.setattr(precision_choice, "race_time_run", FakeRunClock(digits_bundle.bundle, times))
+    pl = _load(digits_bundle.bundle, speed_check="full")
+    assert pl.engine_choice["chosen"] == "litert:CPU:litert-int8" and pl.artifact == "litert-int8"
+
+
+@pytest.mark.parametrize("options", [{"engine": "onnxruntime"}, {"device": "CPU"}, {"performance": "throughput"},
+                                     {"policy": "max-efficiency"}, {"speed_check": "off"},
+                                     {"speed_check": "precision"}, {"artifact": "litert-int8"}])
+def test_no_race_when_the_choice_is_given_or_off(digits_bundle, monkeypatch, options):
     monkeypatch.setattr(precision_choice, "race_time_run", _no_timing)
+    options = {"speed_check": "full", **options}
     assert _load(digits_bundle.bundle, **options).engine_choice is None
+
+
+def test_speed_check_off_times_nothing(digits_bundle, monkeypatch):
+    monkeypatch.setattr(precision_choice, "race_time_run", _no_timing)
+    monkeypatch.setattr(precision_choice, "time_run", _no_timing)
+    pl = _load(digits_bundle.bundle, speed_check="off")
+    assert pl.precision_choice is None and pl.engine_choice is None and pl.artifact == INT8
+
+
+def test_speed_check_is_checked(digits_bundle):
+    with pytest.raises(edgesdk.InputError, match=r"speed_check must be one of full, precision, off, got 'fast'"):
+        _load(digits_bundle.bundle, speed_check="fast")
+
+
+def test_a_candidate_that_fails_in_the_race_is_not_opened_again(bundle_copy, monkeypatch):
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    for aid in ("litert-int8", "openvino-int8"):
+        manifest["golden"]["tolerance"][aid] = 1e-12  # these now fail their numerics check
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    pl = _load(bundle_copy, speed_check="full")
+    failed = [s.candidate.artifact for s in pl.skipped if s.reason == "numerics_mismatch"]
+    assert sorted(failed) == ["litert-int8", "openvino-int8"]  # once each
+    assert pl.artifact not in failed
 
 
 def test_the_race_moves_only_its_own_device_kind():
@@ -283,7 +310,24 @@ def test_the_race_moves_only_its_own_device_kind():
 
     gpu = Candidate("openvino", "GPU", "GPU", "openvino-int8", "int8")
     cpu = [Candidate(e, "CPU", "CPU", f"{e}-{p}", p) for e in ("litert", "openvino") for p in ("int8", "fp32")]
-    order = precision_choice.put_first([gpu, *cpu], {"kind": "CPU", "chosen": "openvino"})
-    assert order == [gpu, cpu[2], cpu[3], cpu[0], cpu[1]]
-    assert precision_choice.shortlist([gpu, *cpu], unverified={("openvino", "GPU")}) == [cpu[0], cpu[2]]
+    order = precision_choice.put_first([gpu, *cpu], {"kind": "CPU", "chosen": cpu[3].label()})
+    assert order == [gpu, cpu[3], cpu[2], cpu[0], cpu[1]]
+    assert precision_choice.shortlist([gpu, *cpu], unverified={("openvino", "GPU")}) == cpu
     assert precision_choice.shortlist([gpu, *cpu]) == [gpu]
+
+
+def test_a_backend_that_throws_when_timed_is_skipped_not_served(digits_bundle):
+    """A fake NPU (hardware this machine lacks) whose delegate throws at run time, numerics check off: the race runs
+    it, records run_failed, and the CPU serves; without the race it would be served and fail at predict."""
+    from edgesdk.engines import register_backend, unregister_backend
+    from fakes import NAME, ThrowingNPUEngine
+
+    register_backend(NAME, ThrowingNPUEngine)
+    try:
+        pl = _load(digits_bundle.bundle, speed_check="full", check_numerics=False)
+    finally:
+        unregister_backend(NAME)
+    assert pl.kind == "CPU"
+    thrown = [s for s in pl.skipped if s.candidate.engine == NAME]
+    assert thrown and all(s.reason == "run_failed" and "failed while timed" in s.detail for s in thrown)
+    assert len(thrown) == len({s.candidate for s in thrown})  # each once: not opened again by the load walk

@@ -79,13 +79,20 @@ def test_each_engine_runs_the_bundle_on_cpu_within_tolerance(digits_bundle, aid)
 
 
 @pytest.fixture
-def int8_faster(monkeypatch):
+def int8_faster(monkeypatch, tmp_path):
     """INT8 goes first unless it is measured slower than FP32 here (tests/test_precision_choice.py): a fake clock in
-    which it is faster keeps a test's answer independent of this CPU (and of the CPU a fake NPU computes on)."""
+    which it is faster (in the race and in the INT8/FP32 pair check) keeps a test's answer independent of this CPU
+    (and of the CPU a fake NPU computes on), and a cache dir of its own keeps decisions that earlier tests measured
+    with the real clock out of it."""
     from edgesdk import precision_choice
 
-    monkeypatch.setattr(precision_choice, "time_run", lambda eng, feeds: 0.001 if "int8" in eng.model_path.name
-                        else 0.002)
+    def clock(eng, feeds):
+        eng.run(feeds)
+        return 0.001 if "int8" in eng.model_path.name else 0.002
+
+    monkeypatch.setenv("EDGESDK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(precision_choice, "time_run", clock)
+    monkeypatch.setattr(precision_choice, "race_time_run", clock)
 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES)

@@ -159,8 +159,11 @@ def quantize(
     Bundle.open(out)  # re-read what was written: checksums and schema
     failing = failing_artifacts(manifest)
     if failing:
+        capped = [a for a in failing if manifest["validation"][a].get("max_abs_error_cap_exceeded")]
+        why = f"max drop {max_drop} points" + (f"; {', '.join(capped)} off the float outputs by more than "
+                                                f"max_error_cap={max_error_cap} of their range" if capped else "")
         raise ValidationFailed(
-            f"validation failed for {', '.join(failing)} (max drop {max_drop} points); bundle written to {out} "
+            f"validation failed for {', '.join(failing)} ({why}); bundle written to {out} "
             f"with passed=false\n{validation_table(manifest)}",
             failing, str(out),
         )

@@ -106,8 +106,8 @@ def error_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
     """The largest error against the golden float outputs each artifact may have, here and on a device.
 
     Float artifacts: their own error doubled, with the CPU-difference floor of :func:`_tolerance` (a float
-X
-    and never less than what the float conversions themselves need.
+    conversion is either faithful or broken). INT8 artifacts: ``share`` (default :data:`INT8_ERROR_CAP`) of the
+    golden outputs' range over the validation set, and never less than what the float conversions themselves need.
     """
     g = tallies[golden_id]
     out_range = max(g.out_max - g.out_min, 0.0) if g.n else 0.0
