@@ -345,18 +345,12 @@ def _cold(bundle_path: str, engine: str, device: str, artifact: str, options: Be
 def _machine() -> dict:
     import platform
 
+    from .cpu import cpu_class
+
+    cls = cpu_class()
     return {"system": platform.system(), "machine": platform.machine(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "processor": _cpu_name()}
-
-
-def _cpu_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+            "cpus": os.cpu_count(), "processor": cls["model"], "isa_class": cls["isa_class"], "flags": cls["flags"],
+            "isa_caps": cls["isa_caps"]}
 
 
 # -- output ----------------------------------------------------------------------------------------------------

@@ -35,13 +35,13 @@ def cache_key(*parts: object) -> str:
 
 def host_cpu() -> str:
     """This CPU's model and feature flags: optimized graphs and compiled blobs may use its instructions."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
+    from ..cpu import cpuinfo_fields
+
+    fields = cpuinfo_fields()
+    if not fields:
         return f"{platform.system()} {platform.machine()}"
     wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    lines = {ln.split(":", 1)[0].strip(): ln for ln in info.splitlines() if ln.split(":", 1)[0].strip() in wanted}
-    return platform.machine() + " " + " ".join(sorted(lines.values()))
+    return platform.machine() + " " + " ".join(sorted(f"{k}\t: {fields[k]}" for k in wanted if k in fields))
 
 
 @dataclass(frozen=True)
