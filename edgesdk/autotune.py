@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .atomic_file import write_json_atomic
 from .bundle import Bundle
 from .cpu import cpu_class
 from .engines import Engine, backend_names, engine_version
@@ -96,9 +97,7 @@ def store(key: str, decision: dict[str, Any], name: str = "autotune.json") -> No
             if not isinstance(data, dict):
                 data = {}  # a file that is not ours: replaced
             data[key] = decision
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.replace(path)
+            write_json_atomic(path, data)
     except OSError:
         pass  # a read-only home must not break loading; the next load measures again
 

@@ -9,12 +9,12 @@ remembered per (artifact, engine, device) in the user cache dir, so later loads 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from .atomic_file import write_json_atomic
 from .errors import BudgetExceeded
 
 MB = 1024 * 1024
@@ -98,9 +98,7 @@ class CostBook:
         self._data[key] = round(max(cost_mb, 0.0), 2)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._data, indent=1))
-            tmp.replace(self.path)
+            write_json_atomic(self.path, self._data)
         except OSError:
             pass  # a read-only home only costs the estimate next time
 

@@ -18,7 +18,6 @@ rewritten atomically; no other bundle file changes (their checksums stay valid).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edgesdk import Bundle, EscalationPolicy
+from edgesdk.atomic_file import write_json_atomic
 from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
 from edgesdk.hybrid import SIGNALS, signals
@@ -88,7 +88,7 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         remote = lambda feeds: client.infer(feeds, names)  # noqa: E731
         cloud_name = cloud
     else:
-        from edgesdk.cloud.server import serving_artifact
+        from edgesdk.cloud.served_artifact import serving_artifact
 
         # What `edgesdk serve` serves by default (an explicit artifact goes first).
         served = serving_artifact(Bundle.open(cloud_bundle)).id
@@ -201,9 +201,7 @@ def _write_manifest(bundle: Path, entry: dict) -> None:
     path = bundle / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["hybrid"] = entry
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(path)
+    write_json_atomic(path, manifest, indent=2)
 
 
 def _bar(items, enabled: bool):
