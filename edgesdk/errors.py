@@ -19,11 +19,14 @@
     UserWarning
      +-- FailedArtifactWarning  an artifact that failed its validation gate is served (``allow_failed=True``)
 
+Every ``reason`` is a member of a ``str``-valued enum of :mod:`edgesdk.choices` (equal to its plain string).
 Engine exceptions are translated at the engine boundary into this tree, with the
 original chained (``raise ... from exc``).
 """
 
 from __future__ import annotations
+
+from .choices import BackendReason, BudgetReason, CloudReason
 
 
 class EdgeSDKError(Exception):
@@ -43,26 +46,28 @@ class InputError(EdgeSDKError):
 class BackendUnavailable(EdgeSDKError):
     """No backend can serve the request.
 
-    ``reason`` is machine-readable (``engine_missing``, ``device_missing``,
-    ``compile_failed``, ``unsupported_artifact``, ``validation_failed`` ...); ``detail`` is for humans.
+    ``reason`` is machine-readable: a :class:`~edgesdk.choices.BackendReason` (``engine_missing``,
+    ``device_missing``, ``compile_failed``, ``unsupported_artifact``, ``validation_failed`` ...; a plain string
+    only for a code that is not one, such as a benchmark child's exception name); ``detail`` is for humans.
     """
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: BackendReason | str, detail: str):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason = BackendReason.coerce(reason)
         self.detail = detail
 
 
 class BudgetExceeded(EdgeSDKError):
     """Serving now would break a budget.
 
-    ``reason`` is ``"memory"`` or ``"thermal"``; ``needed`` / ``available`` are in MB for memory
-    (degrees C for thermal: the temperature and the limit) when known.
+    ``reason`` is a :class:`~edgesdk.choices.BudgetReason`: ``"memory"`` or ``"thermal"``; ``needed`` /
+    ``available`` are in MB for memory (degrees C for thermal: the temperature and the limit) when known.
     """
 
-    def __init__(self, reason: str, detail: str, needed: float | None = None, available: float | None = None):
+    def __init__(self, reason: BudgetReason | str, detail: str, needed: float | None = None,
+                 available: float | None = None):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason = BudgetReason.coerce(reason)
         self.detail = detail
         self.needed = needed
         self.available = available
@@ -92,15 +97,15 @@ class ValidationFailed(EdgeSDKError):
 class CloudError(EdgeSDKError):
     """A call to the cloud endpoint failed.
 
-    ``reason`` is machine-readable (``timeout``, ``unreachable``, ``overloaded``, ``circuit_open``,
-    ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``tls``, ``no_token``,
-    ``model_mismatch``); ``detail`` is for humans (for a rejection, the server's ``error`` message); ``status``
-    is the last HTTP status, when one came; ``attempts`` how many requests were sent.
+    ``reason`` is a :class:`~edgesdk.choices.CloudReason` (``timeout``, ``unreachable``, ``overloaded``,
+    ``circuit_open``, ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``tls``, ``no_token``,
+    ``model_mismatch``, ``transport_error``); ``detail`` is for humans (for a rejection, the server's ``error``
+    message); ``status`` is the last HTTP status, when one came; ``attempts`` how many requests were sent.
     """
 
-    def __init__(self, reason: str, detail: str, status: int | None = None, attempts: int = 0):
+    def __init__(self, reason: CloudReason | str, detail: str, status: int | None = None, attempts: int = 0):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+        self.reason = CloudReason.coerce(reason)
         self.detail = detail
         self.status = status
         self.attempts = attempts

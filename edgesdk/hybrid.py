@@ -29,11 +29,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .choices import BackendReason, CloudReason, EscalationReason, HybridMode
 from .errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
 
 log = logging.getLogger("edgesdk.hybrid")
 
-MODES = ("device-only", "cloud-only", "prefer-device", "prefer-cloud")
+MODES = tuple(HybridMode)
 RECHECK_S = 30.0  # a failed model check (other than an outage) is asked again after this long
 SIGNALS = ("max_prob", "margin", "entropy")
 # Used when neither the policy nor the bundle's calibration (edgesdk calibrate-escalation) sets a threshold.
@@ -96,15 +97,15 @@ class EscalationPolicy:
             return replace(self, threshold=float(calibrated["threshold"]))
         return replace(self, threshold=DEFAULT_THRESHOLDS[self.signal])
 
-    def reason(self, sig: dict[str, float | None]) -> str | None:
+    def reason(self, sig: dict[str, float | None]) -> EscalationReason | None:
         """Why this prediction should escalate (``low_confidence``, ``out_of_range``), or None."""
         value = sig.get(self.signal)
         if value is not None and self.threshold is not None:
             if (value > self.threshold) if self.signal == "entropy" else (value < self.threshold):
-                return "low_confidence"
+                return EscalationReason.LOW_CONFIDENCE
         clipped = sig.get("clipped_share")
         if self.max_clipped is not None and clipped is not None and clipped > self.max_clipped:
-            return "out_of_range"
+            return EscalationReason.OUT_OF_RANGE
         return None
 
 
@@ -114,20 +115,21 @@ class HybridOptions:
 
     ``cloud`` is a :class:`~edgesdk.cloud.client.CloudClient`, or the server's URL (a client is made for the
     bundle's name, with ``token_env`` naming the environment variable that holds the bearer token).
-    ``check_model``: before the first cloud call, compare the served model's inputs with the bundle's.
+    ``check_model``: before the first cloud call, compare the served model's inputs with the bundle's. ``mode`` is a
+    :class:`~edgesdk.choices.HybridMode` or its string (held as the member; anything else raises :class:`InputError`
+    here, naming the modes).
     """
 
-    mode: str = "device-only"
+    mode: HybridMode | str = HybridMode.DEVICE_ONLY
     cloud: Any = None
     policy: EscalationPolicy = field(default_factory=EscalationPolicy)
     token_env: str | None = None
     check_model: bool = True
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise InputError(f"hybrid mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.mode != "device-only" and self.cloud is None:
-            raise InputError(f"hybrid mode {self.mode!r} needs a cloud endpoint (cloud=URL or a CloudClient)")
+        object.__setattr__(self, "mode", HybridMode.parse(self.mode, "hybrid mode", InputError))
+        if self.mode != HybridMode.DEVICE_ONLY and self.cloud is None:
+            raise InputError(f"hybrid mode {self.mode.value!r} needs a cloud endpoint (cloud=URL or a CloudClient)")
 
 
 class HybridModel:
@@ -166,16 +168,14 @@ class HybridModel:
 
     def predict(self, x: Any, mode: str | None = None) -> Any:
         """Predict one input (as :meth:`edgesdk.Model.predict` takes it) in this model's mode, or ``mode``."""
-        mode = self.mode if mode is None else mode
-        if mode not in MODES:
-            raise InputError(f"hybrid mode must be one of {', '.join(MODES)}, got {mode!r}")
+        mode = self.mode if mode is None else HybridMode.parse(mode, "hybrid mode", InputError)
         t0 = time.perf_counter()
         feeds = self._io.feeds(x)
-        if mode == "device-only":
+        if mode == HybridMode.DEVICE_ONLY:
             return self._device(feeds, t0)
-        if mode == "cloud-only":
+        if mode == HybridMode.CLOUD_ONLY:
             return self._cloud(feeds, t0, None)
-        if mode == "prefer-cloud":
+        if mode == HybridMode.PREFER_CLOUD:
             try:
                 return self._cloud(feeds, t0, None)
             except Exception as exc:  # the client raises CloudError; anything else must not lose the answer either
@@ -190,9 +190,9 @@ class HybridModel:
         try:
             result = self._device(feeds, t0)
         except BudgetExceeded as exc:  # a thermal refusal (or escalation) at this moment
-            return self._escalate(feeds, t0, exc.reason, None, exc)
+            return self._escalate(feeds, t0, EscalationReason.coerce(exc.reason), None, exc)
         except BackendUnavailable as exc:  # the backend failed on this input (run_failed): the cloud takes it
-            return self._escalate(feeds, t0, "no_backend", None, exc)
+            return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc)
         probabilities = self._io.probabilities(result.outputs)
         sig = signals(probabilities, feeds, self._ranges)
         result.signals = sig
@@ -209,10 +209,10 @@ class HybridModel:
         if self.device is None:
             if self.device_error is not None:
                 raise _copy(self.device_error) from self.device_error  # a fresh one per call: no shared traceback
-            raise BackendUnavailable("no_backend", f"no device backend serves {self.bundle.name!r}")
+            raise BackendUnavailable(BackendReason.NO_BACKEND, f"no device backend serves {self.bundle.name!r}")
         return self.device._run(feeds, t0)
 
-    def _cloud(self, feeds: list[np.ndarray], t0: float, reason: str | None) -> Any:
+    def _cloud(self, feeds: list[np.ndarray], t0: float, reason: EscalationReason | None) -> Any:
         from .model import Result
 
         # One deadline for everything this answer needs from the cloud (the model check, once, and the call).
@@ -221,15 +221,16 @@ class HybridModel:
         t1 = time.perf_counter()
         remaining = end - self.cloud.clock()
         if remaining <= 0:
-            raise CloudTimeout("timeout", f"checking the cloud model of {self.bundle.name!r} used up the deadline "
-                                          f"({self.cloud.deadline_s:g} s)")
+            raise CloudTimeout(CloudReason.TIMEOUT, f"checking the cloud model of {self.bundle.name!r} used up the "
+                                                    f"deadline ({self.cloud.deadline_s:g} s)")
         outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining)
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
         return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,
                       _topk=self._io.top)
 
-    def _escalate(self, feeds, t0, reason: str, device_result: Any, device_failure: Exception | None) -> Any:
+    def _escalate(self, feeds, t0, reason: EscalationReason, device_result: Any,
+                  device_failure: Exception | None) -> Any:
         try:
             result = self._cloud(feeds, t0, reason)
         except Exception as exc:  # CloudError from the client; anything else must not lose the device's answer
@@ -252,12 +253,12 @@ class HybridModel:
         failed = self._model_checked
         if isinstance(failed, tuple):
             error, at = failed
-            if error.reason == "model_mismatch" or time.monotonic() - at < RECHECK_S:
+            if error.reason == CloudReason.MODEL_MISMATCH or time.monotonic() - at < RECHECK_S:
                 raise _copy(error) from error
         try:
             self.cloud.check_inputs(self.bundle.manifest["inputs"], deadline_s=deadline_s)
         except CloudError as exc:
-            if exc.reason in ("model_mismatch", "rejected", "bad_response"):
+            if exc.reason in (CloudReason.MODEL_MISMATCH, CloudReason.REJECTED, CloudReason.BAD_RESPONSE):
                 self._model_checked = (exc, time.monotonic())  # an outage is asked again at once, these are not
             raise
         self._model_checked = True
@@ -295,10 +296,10 @@ def _copy(exc: BaseException) -> BaseException:
     return exc
 
 
-def _device_reason(error: Exception | None) -> str:
+def _device_reason(error: Exception | None) -> EscalationReason:
     if isinstance(error, BudgetExceeded):
-        return error.reason
-    return "no_backend"
+        return EscalationReason.coerce(error.reason)
+    return EscalationReason.NO_BACKEND
 
 
 __all__ = ["MODES", "SIGNALS", "DEFAULT_THRESHOLDS", "signals", "EscalationPolicy", "HybridOptions", "HybridModel"]

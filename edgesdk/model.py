@@ -12,8 +12,8 @@ import numpy as np
 
 from . import autotune, memory, numerics, precision_choice, selection
 from .bundle import Bundle
+from .choices import BackendReason, BudgetReason, EscalationReason, HybridMode, Performance, Policy, SpeedCheck
 from .engines import Engine, backend_names, discover, open_engine
-from .engines.base import PERFORMANCE
 from .errors import BackendUnavailable, BudgetExceeded, BundleError, InputError
 from .bundle_io import BundleIO, Top
 from .hybrid import HybridModel, HybridOptions
@@ -82,9 +82,14 @@ class RuntimeOptions:
     decisions are cached per machine; nothing is timed with ``performance="throughput"``, an explicit ``artifact``,
     or a bundle without golden inputs, and the full check also needs no ``engine``/``device`` named and room in
     the memory limit for every engine it opens.
+
+    ``policy``, ``performance`` and ``speed_check`` take the members of :class:`~edgesdk.choices.Policy`,
+    :class:`~edgesdk.choices.Performance` and :class:`~edgesdk.choices.SpeedCheck` or their strings, and hold the
+    members: a value that is none of them raises :class:`InputError` here, naming the allowed ones (so does
+    ``threads`` outside 1..256), also through ``dataclasses.replace`` and ``load(**overrides)``.
     """
 
-    policy: str = "auto"
+    policy: Policy | str = Policy.AUTO
     require: str | None = None
     engine: str | None = None
     device: str | None = None
@@ -92,14 +97,23 @@ class RuntimeOptions:
     check_numerics: bool = True
     profile: str | Path | None = None
     threads: int | None = None
-    performance: str = "latency"
+    performance: Performance | str = Performance.LATENCY
     cache_dir: str | Path | None = None
     trust: Trust | None = None
     isolate: bool = False
     allow_failed: bool = False
-    speed_check: str = "full"
+    speed_check: SpeedCheck | str = SpeedCheck.FULL
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
+
+    def __post_init__(self):
+        selection.check_policy(self.policy, None)
+        object.__setattr__(self, "policy", Policy(self.policy))
+        object.__setattr__(self, "performance", Performance.parse(self.performance, "performance", InputError))
+        object.__setattr__(self, "speed_check", SpeedCheck.parse(self.speed_check, "speed_check", InputError))
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or not 1 <= self.threads <= 256):
+            raise InputError(f"threads must be an integer from 1 to 256, got {self.threads!r}")
 
 
 @dataclass
@@ -120,7 +134,7 @@ class Result:
     timings_ms: dict[str, float]
     source: str = "device"
     budget: dict[str, Any] = field(default_factory=dict)
-    escalation_reason: str | None = None
+    escalation_reason: EscalationReason | None = None
     degraded: bool = False
     signals: dict[str, float | None] | None = None
     cloud_error: str | None = None
@@ -150,7 +164,7 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
     (same ``predict``), which also serves when the device cannot (``prefer-*`` modes).
     """
     opts = _options(options, overrides)
-    if opts.hybrid.mode == "device-only":
+    if opts.hybrid.mode == HybridMode.DEVICE_ONLY:
         return _load(path, opts, memory.rss_mb)
     return _load_hybrid(path, opts)
 
@@ -163,7 +177,7 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
     if owns:
         check_url(hyb.cloud)  # a bad URL is refused before the (slow) device load
     device, error = None, None
-    if hyb.mode != "cloud-only":
+    if hyb.mode != HybridMode.CLOUD_ONLY:
         try:
             device = _load(path, opts, memory.rss_mb)
         except (BackendUnavailable, BudgetExceeded, BundleError) as exc:  # the cloud serves what the device cannot
@@ -196,18 +210,12 @@ def _options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> Runti
 
 
 def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
-    """The load walk; ``in_use_mb()`` says how much of the memory limit is taken (a pool accounts its own)."""
+    """The load walk; ``in_use_mb()`` says how much of the memory limit is taken (a pool accounts its own).
+    ``opts`` checked its policy, performance, speed_check and threads when it was built; require (engines may be
+    registered after that) is checked here."""
     selection.check_policy(opts.policy, opts.require)
-    if opts.threads is not None and (not isinstance(opts.threads, int) or isinstance(opts.threads, bool)
-                                     or not 1 <= opts.threads <= 256):
-        raise InputError(f"threads must be an integer from 1 to 256, got {opts.threads!r}")
-    if opts.speed_check not in precision_choice.SPEED_CHECKS:
-        raise InputError(f"speed_check must be one of {', '.join(precision_choice.SPEED_CHECKS)}, got "
-                         f"{opts.speed_check!r}")
     if not isinstance(opts.allow_failed, bool):
         raise InputError(f"allow_failed must be True or False, got {opts.allow_failed!r}")
-    if opts.performance not in PERFORMANCE:
-        raise InputError(f"performance must be one of {', '.join(PERFORMANCE)}, got {opts.performance!r}")
     engine_options = {"performance": opts.performance, "cache_dir": opts.cache_dir}
     if opts.engine is not None and opts.engine not in backend_names():
         raise InputError(f"unknown engine {opts.engine!r} (engines: {', '.join(backend_names())})")
@@ -229,7 +237,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
         known = (c.engine, c.device) in unverified and not insist and opts.device not in (c.device, c.kind) \
             and autotune.failed_probe(c.engine, c.device)
         if known:
-            skipped.append(Skip(c, "device_missing", f"{known} (remembered from an earlier probe here)"))
+            skipped.append(Skip(c, BackendReason.DEVICE_MISSING, f"{known} (remembered from an earlier probe here)"))
         else:
             kept.append(c)
     cands = kept
@@ -244,7 +252,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             _unmet(opts.require, discoveries, skipped)
 
     decision = None
-    if opts.policy == "autotune":
+    if opts.policy == Policy.AUTOTUNE:
         # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
         key = autotune.cache_key(bundle, {k: str(v) for k, v in vars(opts).items()
                                            if k not in ("budgets", "hybrid", "cache_dir")})
@@ -293,7 +301,8 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
     # Without a race (an engine or device named, or no room for it): is INT8 really faster than FP32 on the first
     # engine? A cached decision orders the candidates now; an INT8 candidate without one is timed against its FP32
     # rival once both are loaded, below.
-    choose_precision = engine_choice is None and opts.speed_check != "off" and opts.performance == "latency" \
+    choose_precision = engine_choice is None and opts.speed_check != SpeedCheck.OFF \
+        and opts.performance == Performance.LATENCY \
         and precision_choice.applies(opts.policy, opts.artifact) and bool(bundle.manifest.get("golden"))
     known_choices: dict[str, dict] = {}
     if choose_precision:
@@ -319,7 +328,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
                 memory.check_fits(cand.label(), expected, limit, in_use_mb() + (held[0].cost_mb if held else 0.0))
             except BudgetExceeded as exc:
                 over_budget.append(exc)
-                skipped.append(Skip(cand, "memory", exc.detail))
+                skipped.append(Skip(cand, BudgetReason.MEMORY, exc.detail))
                 continue
             before = memory.rss_mb()
             try:
@@ -328,7 +337,7 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             except BackendUnavailable as exc:
                 skip = Skip(cand, exc.reason, exc.detail)
                 skipped.append(skip)
-                if exc.reason == "device_missing":
+                if exc.reason == BackendReason.DEVICE_MISSING:
                     failed_devices[(cand.engine, cand.device)] = skip
                     if (cand.engine, cand.device) in unverified:
                         autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
@@ -386,23 +395,24 @@ def _load(path: str | Path, opts: RuntimeOptions, in_use_mb) -> "Model":
             held[0].close()
         raise
     # Memory is the answer when every candidate that exists here was ruled out by the budget.
-    absent = ("memory", "device_missing", "engine_missing", "validation_failed")
+    absent = (BudgetReason.MEMORY, BackendReason.DEVICE_MISSING, BackendReason.ENGINE_MISSING,
+              BackendReason.VALIDATION_FAILED)
     if over_budget and all(s.reason in absent for s in skipped if selection.meets(s.candidate, opts.require)):
         cheapest = min(over_budget, key=lambda e: e.needed)
-        raise BudgetExceeded("memory", f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
+        raise BudgetExceeded(BudgetReason.MEMORY, f"no artifact of {bundle.name!r} fits: {cheapest.detail}",
                              needed=cheapest.needed, available=cheapest.available)
     every_failed = _every_artifact_failed(bundle, skipped, opts.require, unverified)
     if every_failed is not None:
         raise every_failed
     tried = [s for s in skipped if selection.meets(s.candidate, opts.require)]
-    crashed = [s for s in tried if s.reason == "isolated_probe_failed"]
+    crashed = [s for s in tried if s.reason == BackendReason.ISOLATED_PROBE_FAILED]
     if crashed:  # a file that kills its engine is the bundle's fault, whatever else failed
         raise BundleError(f"bundle {bundle.name!r}: {crashed[0].candidate.artifact} failed its isolated probe and no "
                           f"other candidate serves: " + "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})"
                                                                   for s in tried))
-    first = next((s for s in tried if s.reason != "validation_failed"), tried[0] if tried else None)
+    first = next((s for s in tried if s.reason != BackendReason.VALIDATION_FAILED), tried[0] if tried else None)
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
-    raise BackendUnavailable(first.reason if first else "no_candidate",
+    raise BackendUnavailable(first.reason if first else BackendReason.NO_CANDIDATE,
                              f"no backend can serve {bundle.name!r}"
                              f"{' under require=' + repr(opts.require) if opts.require else ''}: {detail}")
 
@@ -413,14 +423,16 @@ def _every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | N
     gate: the others found no engine or device here. None when anything else stopped one, or when the failed ones
     would have found no device either (a device found missing, or one only a probe could confirm)."""
     tried = [s for s in skipped if selection.meets(s.candidate, require)]
-    missing = {(s.candidate.engine, s.candidate.device) for s in skipped if s.reason == "device_missing"} | unverified
-    refused = [s for s in tried if s.reason == "validation_failed"
+    missing = {(s.candidate.engine, s.candidate.device) for s in skipped
+               if s.reason == BackendReason.DEVICE_MISSING} | unverified
+    refused = [s for s in tried if s.reason == BackendReason.VALIDATION_FAILED
                and (s.candidate.engine, s.candidate.device) not in missing]
-    if not refused or any(s.reason not in ("validation_failed", "engine_missing", "device_missing") for s in tried):
+    settled = (BackendReason.VALIDATION_FAILED, BackendReason.ENGINE_MISSING, BackendReason.DEVICE_MISSING)
+    if not refused or any(s.reason not in settled for s in tried):
         return None
     gates = "; ".join(f"{aid}: {gate}" for aid, gate in {s.candidate.artifact: s.detail for s in refused}.items())
     return BackendUnavailable(
-        "validation_failed",
+        BackendReason.VALIDATION_FAILED,
         f"every artifact of {bundle.name!r} that could serve here{' under require=' + repr(require) if require else ''}"
         f" failed its validation gate ({gates}); re-quantize the bundle (edgesdk quantize, with more representative "
         f"calibration data or another --max-drop) or pass allow_failed=True (CLI: --allow-failed) to serve one anyway")
@@ -450,7 +462,7 @@ def _race(bundle: Bundle, entrants: list[Candidate], skipped: list[Skip], unveri
                               opts.isolate and first)
         except BackendUnavailable as exc:
             skipped.append(Skip(cand, exc.reason, exc.detail))
-            if exc.reason == "device_missing" and (cand.engine, cand.device) in unverified:
+            if exc.reason == BackendReason.DEVICE_MISSING and (cand.engine, cand.device) in unverified:
                 autotune.remember_failed_probe(cand.engine, cand.device, exc.detail)
             return None
         if opts.isolate:
@@ -459,7 +471,7 @@ def _race(bundle: Bundle, entrants: list[Candidate], skipped: list[Skip], unveri
         try:
             return precision_choice.time_alone(bundle, engine)
         except Exception as exc:  # it would fail when served too: the race goes on without it
-            skipped.append(Skip(cand, "run_failed", f"{cand.label()} failed while timed: {exc}"))
+            skipped.append(Skip(cand, BackendReason.RUN_FAILED, f"{cand.label()} failed while timed: {exc}"))
             return None
         finally:
             engine.close()
@@ -585,10 +597,11 @@ def _unmet(require: str, discoveries, skipped: list[Skip]) -> BackendUnavailable
         missing = [s for s in skipped if s.candidate.engine == require]
         if missing:
             return BackendUnavailable(missing[0].reason, missing[0].detail)
-        return BackendUnavailable("unsupported_artifact", f"the bundle has no artifact engine {require!r} can run")
+        return BackendUnavailable(BackendReason.UNSUPPORTED_ARTIFACT,
+                                  f"the bundle has no artifact engine {require!r} can run")
     notes = [n for d in discoveries.values() for n in d.notes if n.startswith(require)]
-    return BackendUnavailable("device_missing", f"no engine reports a {require} device here"
-                                                f"{': ' + '; '.join(notes) if notes else ''}")
+    return BackendUnavailable(BackendReason.DEVICE_MISSING, f"no engine reports a {require} device here"
+                                                            f"{': ' + '; '.join(notes) if notes else ''}")
 
 
 class Model:
@@ -644,8 +657,8 @@ class Model:
             try:
                 outputs = self._engine.run_prepared(feeds)  # _feeds validated and converted them
             except Exception as exc:  # engine errors enter the edgesdk tree here, chained
-                raise BackendUnavailable("run_failed", f"{placement.engine}:{placement.device} failed "
-                                                       f"on {placement.artifact}: {exc}") from exc
+                raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
+                                                                   f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
         return Result(outputs, placement, timings, budget=budget, _topk=self._top)
@@ -672,8 +685,8 @@ class Model:
             try:
                 outputs = self._engine.run_many(batch)
             except Exception as exc:  # engine errors enter the edgesdk tree here, chained
-                raise BackendUnavailable("run_failed", f"{placement.engine}:{placement.device} failed "
-                                                       f"on {placement.artifact}: {exc}") from exc
+                raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
+                                                                   f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
         return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .choices import BackendReason, BudgetReason, Policy
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -22,11 +24,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Skip:
-    """A candidate that was not used, with a machine-readable reason and the engine's own words."""
+    """A candidate that was not used, with a machine-readable reason and the engine's own words.
+
+    ``reason`` is the :class:`~edgesdk.choices.BackendReason` its engine raised, or ``BudgetReason.MEMORY`` when the
+    memory budget ruled it out (a plain string given here becomes its member)."""
 
     candidate: Candidate
-    reason: str
+    reason: BackendReason | BudgetReason | str
     detail: str
+
+    def __post_init__(self):
+        reason = BackendReason.lookup(self.reason) or BudgetReason.lookup(self.reason)
+        if reason is not None:
+            object.__setattr__(self, "reason", reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self.candidate), "reason": self.reason, "detail": self.detail}
@@ -56,7 +66,7 @@ class Placement:
     effective_precision: str | None
     fully_accelerated: bool | None
     numerics: dict[str, Any]
-    policy: str
+    policy: Policy
     profile: str | None
     skipped: list[Skip] = field(default_factory=list)
     autotune: dict[str, Any] | None = None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import memory
+from .choices import BudgetReason
 from .errors import BudgetExceeded, InputError
 from .model import Model, RuntimeOptions, _load, _options
 
@@ -48,7 +49,7 @@ class ModelPool:
                     model = _load(key, self._options, self.in_use_mb)
                     break
                 except BudgetExceeded as exc:
-                    if exc.reason != "memory" or not self._evict_one():
+                    if exc.reason != BudgetReason.MEMORY or not self._evict_one():
                         raise
             self._models[key] = model
             self._last_used[key] = time.monotonic()

@@ -33,10 +33,11 @@ import numpy as np
 
 from . import autotune, numerics
 from .bundle import Bundle
+from .choices import Performance, Policy, SpeedCheck
 from .engines import Engine
 from .placement import Candidate, Placement, Skip
 
-POLICIES = ("auto", "cpu-only", "prefer-npu", "prefer-gpu")
+POLICIES = (Policy.AUTO, Policy.CPU_ONLY, Policy.PREFER_NPU, Policy.PREFER_GPU)  # the speed policies
 MARGIN = 0.05  # INT8 must be more than 5% slower to lose: closer than that is within the noise of the timing
 WARMUP_PAIRS = 1
 MIN_PAIRS = 8
@@ -164,7 +165,7 @@ def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp
 # Then the fastest and the profile's first are timed once more; the fastest displaces the profile's first only when
 # it is more than ENGINE_MARGIN faster both times. The decision is cached like the INT8 one.
 
-SPEED_CHECKS = ("full", "precision", "off")
+SPEED_CHECKS = tuple(SpeedCheck)
 ENGINE_MARGIN = 0.05
 RACE_WARMUP = 2
 RACE_MIN_RUNS = 5
@@ -184,8 +185,8 @@ def race_applies(speed_check: str, policy: str, engine: str | None, device: str 
                  performance: str, bundle: Bundle) -> bool:
     """Only for one inference at a time (``performance="throughput"`` is a matter of parallel streams, which a
     latency race does not see) and where golden inputs exist to time on."""
-    return (speed_check == "full" and policy in POLICIES and engine is None and device is None and artifact is None
-            and performance == "latency" and bool(bundle.manifest.get("golden")))
+    return (speed_check == SpeedCheck.FULL and policy in POLICIES and engine is None and device is None
+            and artifact is None and performance == Performance.LATENCY and bool(bundle.manifest.get("golden")))
 
 
 def shortlist(eligible: Sequence[Candidate], barred: Collection[str] = (),

@@ -25,30 +25,39 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .bundle import Bundle
+from .choices import BackendReason, Policy
 from .engines import KINDS, Device, Discovery, backend_names, engine_class
 from .errors import BackendUnavailable, InputError
 from .placement import Candidate, Skip
 
-POLICIES = ("auto", "prefer-npu", "prefer-gpu", "cpu-only", "max-efficiency", "autotune")
+POLICIES = tuple(Policy)
 _KIND_ORDER = {
-    "prefer-npu": ("NPU", "GPU", "CPU"),
-    "prefer-gpu": ("GPU", "NPU", "CPU"),
-    "cpu-only": ("CPU",),
-    "max-efficiency": ("NPU", "CPU", "GPU"),
+    Policy.PREFER_NPU: ("NPU", "GPU", "CPU"),
+    Policy.PREFER_GPU: ("GPU", "NPU", "CPU"),
+    Policy.CPU_ONLY: ("CPU",),
+    Policy.MAX_EFFICIENCY: ("NPU", "CPU", "GPU"),
 }
 
 
+def policy_error(policy: object) -> InputError | None:
+    """The error for a ``policy`` that is not a :class:`~edgesdk.choices.Policy`, or None."""
+    if Policy.lookup(policy) is None:
+        return InputError(f"unknown policy {policy!r} (policies: {', '.join(Policy.values())})")
+    return None
+
+
 def check_policy(policy: str, require: str | None) -> None:
-    if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r} (policies: {', '.join(POLICIES)})")
+    error = policy_error(policy)
+    if error is not None:
+        raise error
     if require is not None and require not in KINDS and require not in backend_names():
         raise InputError(f"require must be a device kind ({', '.join(KINDS)}) or an engine "
                          f"({', '.join(backend_names())}), got {require!r}")
-    if policy == "cpu-only" and require in ("GPU", "NPU"):
+    if policy == Policy.CPU_ONLY and require in ("GPU", "NPU"):
         raise InputError(f"policy 'cpu-only' contradicts require={require!r}")
 
 
-PROBING_POLICIES = ("prefer-npu", "prefer-gpu")
+PROBING_POLICIES = (Policy.PREFER_NPU, Policy.PREFER_GPU)
 
 
 def enumerate_candidates(bundle: Bundle, discoveries: dict[str, Discovery], device: str | None = None,
@@ -79,7 +88,7 @@ def enumerate_candidates(bundle: Bundle, discoveries: dict[str, Discovery], devi
                 devices.append(Device(name, device.split(".")[0] if device.split(".")[0] in KINDS else "CPU", device))
             cands += [Candidate(name, d.name, d.kind, art.id, art.precision) for d in devices]
         if not runnable and not any(s.candidate.artifact == art.id for s in skips):
-            skips.append(Skip(Candidate(art.engine, "-", "-", art.id, art.precision), "engine_missing",
+            skips.append(Skip(Candidate(art.engine, "-", "-", art.id, art.precision), BackendReason.ENGINE_MISSING,
                               f"no installed engine runs {art.engine} artifacts"))
     return cands, skips
 
@@ -97,7 +106,7 @@ def screen_failed(cands: list[Candidate], failed: dict[str, str],
     if allow_failed:
         return cands, []
     kept = [c for c in cands if c.artifact not in failed]
-    return kept, [Skip(c, "validation_failed", failed[c.artifact]) for c in cands if c.artifact in failed]
+    return kept, [Skip(c, BackendReason.VALIDATION_FAILED, failed[c.artifact]) for c in cands if c.artifact in failed]
 
 
 def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str | None = None,
@@ -118,7 +127,7 @@ def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str 
         )
 
     ranked = sorted(cands, key=rank)
-    if policy == "cpu-only":
+    if policy == Policy.CPU_ONLY:
         ranked = [c for c in ranked if c.kind == "CPU"]
     return ranked
 

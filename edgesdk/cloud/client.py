@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from ..choices import CloudReason
 from ..errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
 
 log = logging.getLogger("edgesdk.cloud")
@@ -56,8 +57,9 @@ DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32":
 _V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 # Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
-SERVER_FAILURES = frozenset({"timeout", "unreachable", "overloaded", "server_error", "bad_response", "retry_budget",
-                             "tls", "transport_error"})
+SERVER_FAILURES = frozenset({CloudReason.TIMEOUT, CloudReason.UNREACHABLE, CloudReason.OVERLOADED,
+                             CloudReason.SERVER_ERROR, CloudReason.BAD_RESPONSE, CloudReason.RETRY_BUDGET,
+                             CloudReason.TLS, CloudReason.TRANSPORT_ERROR})
 LOOPBACK_NAMES = ("localhost",)
 MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
 BINARY_RECHECK_S = 60.0  # after a failed GET /v2, JSON is used this long before asking again
@@ -300,7 +302,8 @@ class CloudClient:
         meta = self.model_metadata(deadline_s)
         listed = meta.get("inputs")
         if not isinstance(listed, list) or not all(isinstance(i, dict) for i in listed):
-            raise CloudError("bad_response", f"model {self.model!r} at {self.url}: its metadata lists no inputs")
+            raise CloudError(CloudReason.BAD_RESPONSE,
+                             f"model {self.model!r} at {self.url}: its metadata lists no inputs")
         served = {i.get("name"): i for i in listed}
         problems = []
         for spec in inputs:
@@ -316,8 +319,8 @@ class CloudClient:
             if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
                 problems.append(f"input {name!r} has shape {their} there, {shape} here")
         if problems:
-            raise CloudError("model_mismatch", f"model {self.model!r} at {self.url} does not take what this bundle "
-                                               f"sends: {'; '.join(problems)}")
+            raise CloudError(CloudReason.MODEL_MISMATCH, f"model {self.model!r} at {self.url} does not take what this "
+                                                         f"bundle sends: {'; '.join(problems)}")
         return meta
 
     def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str], *, deadline_s: float | None = None,
@@ -381,18 +384,19 @@ class CloudClient:
         if self._token_env is not None:
             token = os.environ.get(self._token_env)
             if not token:
-                raise CloudError("no_token", f"the environment variable {self._token_env} that should hold the "
-                                             "cloud token is not set")
+                raise CloudError(CloudReason.NO_TOKEN, f"the environment variable {self._token_env} that should hold "
+                                                       "the cloud token is not set")
         elif callable(self._token):
             try:
                 token = self._token()
             except Exception as exc:  # the app's callback: its message may hold anything, so it is not quoted
-                raise CloudError("no_token", f"the token callback raised {type(exc).__name__}") from None
+                raise CloudError(CloudReason.NO_TOKEN, f"the token callback raised {type(exc).__name__}") from None
         else:
             token = self._token
         if token:
             if not isinstance(token, str) or any(c in token for c in "\r\n") or not token.isascii():
-                raise CloudError("no_token", "the cloud token must be a single line of ASCII text (it is not shown)")
+                raise CloudError(CloudReason.NO_TOKEN,
+                                 "the cloud token must be a single line of ASCII text (it is not shown)")
             headers["Authorization"] = f"Bearer {token.strip()}"
         return headers
 
@@ -406,8 +410,9 @@ class CloudClient:
             self._stats["calls"] += 1
         ticket = self.breaker.allow()
         if ticket is None:
-            raise self._fail(CloudUnavailable("circuit_open", f"the circuit to {self.url} is open after repeated "
-                                              "failures; calls fail at once until a probe succeeds"))
+            raise self._fail(CloudUnavailable(CloudReason.CIRCUIT_OPEN, f"the circuit to {self.url} is open after "
+                                                                        "repeated failures; calls fail at once until a "
+                                                                        "probe succeeds"))
         ok = False
         try:
             try:
@@ -416,15 +421,16 @@ class CloudClient:
                 raise
             except Exception as exc:  # the transport failed in a way no OSError covers: still a CloudError
                 detail = f"{method} {urlsplit(url).path}: {type(exc).__name__}: {_safe(exc)}"
-                raise self._fail(CloudError("transport_error", detail, None, 1)) from None
+                raise self._fail(CloudError(CloudReason.TRANSPORT_ERROR, detail, None, 1)) from None
             try:
                 answer = read(resp)
             except CloudError as exc:
                 exc.attempts = max(exc.attempts, 1)
                 raise self._fail(exc)
             except Exception as exc:  # a malformed answer or anything unforeseen: never past the caller's fallback
-                raise self._fail(CloudError("bad_response", f"{method} {urlsplit(url).path}: {type(exc).__name__}: "
-                                                            f"{_safe(exc)}", resp.status, 1)) from None
+                raise self._fail(CloudError(CloudReason.BAD_RESPONSE, f"{method} {urlsplit(url).path}: "
+                                                                      f"{type(exc).__name__}: {_safe(exc)}",
+                                            resp.status, 1)) from None
             ok = True
             with self._lock:
                 self._stats["ok"] += 1
@@ -442,11 +448,11 @@ class CloudClient:
         deadline = start + (deadline_s if deadline_s is not None else self.deadline_s)
         path = urlsplit(url).path
         self.retry_budget.deposit()
-        attempts, status, last = 0, None, "unreachable"
+        attempts, status, last = 0, None, "unreachable"  # what the last attempt did, for messages
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                raise self._fail(CloudTimeout("timeout", f"{method} {path}: no answer within the deadline "
+                raise self._fail(CloudTimeout(CloudReason.TIMEOUT, f"{method} {path}: no answer within the deadline "
                                               f"({deadline - start:.3f} s, {attempts} attempts; last: {last})",
                                               status, attempts))
             attempts += 1
@@ -458,10 +464,11 @@ class CloudClient:
                 resp = self._transport.request(method, url, self._headers(headers), body,
                                                min(self.timeout_s, remaining))
             except (TimeoutError, socket.timeout):
-                last, status = "timeout", None
+                last, status = CloudReason.TIMEOUT, None
             except ssl.SSLCertVerificationError as exc:  # it will not verify on a retry either
-                raise self._fail(CloudUnavailable("tls", f"{method} {path}: the TLS connection to {self.url} failed "
-                                                  f"({type(exc).__name__}: {exc}); pass cafile= for a private CA",
+                raise self._fail(CloudUnavailable(CloudReason.TLS, f"{method} {path}: the TLS connection to "
+                                                                   f"{self.url} failed ({type(exc).__name__}: {exc}); "
+                                                                   "pass cafile= for a private CA",
                                                   None, attempts)) from exc
             except OSError as exc:
                 last, status = f"unreachable ({type(exc).__name__})", None
@@ -476,7 +483,7 @@ class CloudClient:
                     # The request is at fault (4xx) or the server failed it for good (500): not retried. A
                     # 4xx says nothing about the server's health.
                     cls = CloudRejected if 400 <= status < 500 else CloudError
-                    reason = "rejected" if 400 <= status < 500 else "server_error"
+                    reason = CloudReason.REJECTED if 400 <= status < 500 else CloudReason.SERVER_ERROR
                     raise self._fail(cls(reason, f"{method} {path} answered {status}: {message}", status,
                                          attempts))
                 last = f"{status} {message}"
@@ -487,24 +494,28 @@ class CloudClient:
             pause = self._rng.uniform(0.0, min(self.backoff_cap_s, self.backoff_base_s * 2 ** (attempts - 1)))
             if retry_after is not None:
                 if self._clock() + retry_after >= deadline:
-                    raise self._fail(CloudUnavailable("overloaded", f"{method} {path}: the server asks to retry after "
+                    raise self._fail(CloudUnavailable(CloudReason.OVERLOADED,
+                                                      f"{method} {path}: the server asks to retry after "
                                                       f"{retry_after:g} s, past the deadline ({last})", status,
                                                       attempts))
                 pause = max(pause, retry_after)
             if self._clock() + pause >= deadline:
-                cls, reason = (CloudTimeout, "timeout") if last == "timeout" else \
-                    (CloudUnavailable, "overloaded" if status in RETRYABLE_STATUS else "unreachable")
+                cls, reason = (CloudTimeout, CloudReason.TIMEOUT) if last == CloudReason.TIMEOUT else \
+                    (CloudUnavailable,
+                     CloudReason.OVERLOADED if status in RETRYABLE_STATUS else CloudReason.UNREACHABLE)
                 raise self._fail(cls(reason, f"{method} {path}: the deadline leaves no time for another attempt "
                                              f"({attempts} made; last: {last})", status, attempts))
             if not self.retry_budget.withdraw():
-                raise self._fail(CloudUnavailable("retry_budget", f"{method} {path} failed ({last}) and the retry "
-                                                  "budget is spent: the endpoint is failing too often to retry",
+                raise self._fail(CloudUnavailable(CloudReason.RETRY_BUDGET, f"{method} {path} failed ({last}) and the "
+                                                                            "retry budget is spent: the endpoint is "
+                                                                            "failing too often to retry",
                                                   status, attempts))
             with self._lock:
                 self._stats["retries"] += 1
             self._sleep(pause)
-        reason = "timeout" if last == "timeout" else "overloaded" if status in RETRYABLE_STATUS else "unreachable"
-        cls = CloudTimeout if reason == "timeout" else CloudUnavailable
+        reason = CloudReason.TIMEOUT if last == CloudReason.TIMEOUT else \
+            CloudReason.OVERLOADED if status in RETRYABLE_STATUS else CloudReason.UNREACHABLE
+        cls = CloudTimeout if reason == CloudReason.TIMEOUT else CloudUnavailable
         raise self._fail(cls(reason, f"{method} {path} failed after {attempts} attempt"
                                      f"{'' if attempts == 1 else 's'}: {last}", status, attempts))
 
@@ -589,13 +600,14 @@ def _decode(resp: Response, rid: str) -> list[np.ndarray]:
                 arr = np.asarray(out["data"], dtype=dtype).reshape(shape)
             outputs.append(arr.astype(dtype.newbyteorder("=")))
     except (ValueError, KeyError, TypeError, OverflowError, AttributeError, IndexError) as exc:
-        raise CloudError("bad_response", f"the infer response is not valid V2: {type(exc).__name__}: {_safe(exc)}",
+        raise CloudError(CloudReason.BAD_RESPONSE,
+                         f"the infer response is not valid V2: {type(exc).__name__}: {_safe(exc)}",
                          resp.status) from None
     if answer.get("id") not in (None, rid):
-        raise CloudError("bad_response", f"the infer response answers request {answer.get('id')!r}, not {rid!r}",
-                         resp.status)
+        raise CloudError(CloudReason.BAD_RESPONSE,
+                         f"the infer response answers request {answer.get('id')!r}, not {rid!r}", resp.status)
     if not outputs:
-        raise CloudError("bad_response", "the infer response has no outputs", resp.status)
+        raise CloudError(CloudReason.BAD_RESPONSE, "the infer response has no outputs", resp.status)
     return outputs
 
 

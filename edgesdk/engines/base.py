@@ -11,9 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..choices import CacheState, Performance
 from ..errors import BackendUnavailable, InputError
 
-PERFORMANCE = ("latency", "throughput")
+PERFORMANCE = tuple(Performance)
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -126,9 +127,9 @@ class Engine(ABC):
         # Where the engine may keep compiled or optimized models between processes (None: no cache).
         # A cache only saves load time: a missing, stale or damaged entry is rebuilt, never served.
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        # What this load did with the cache: None (no cache here), "hit", "stored" (built and saved),
-        # "rebuilt" (a damaged entry was discarded and replaced) or "unwritable" (loaded without caching).
-        self.cache_state: str | None = None
+        # What this load did with the cache (a CacheState): None (no cache here), "hit", "stored" (built and
+        # saved), "rebuilt" (a damaged entry was discarded and replaced) or "unavailable" (loaded without caching).
+        self.cache_state: CacheState | None = None
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..choices import BackendReason
 from ..errors import BackendUnavailable
 from .base import Device, Discovery, Engine, TensorSpec
 
@@ -144,7 +145,7 @@ class LiteRTEngine(Engine):
                                                     f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:
             text = str(exc)
-            reason = "unsupported_ops" if "not accelerated" in text else "device_missing"
+            reason = BackendReason.UNSUPPORTED_OPS if "not accelerated" in text else BackendReason.DEVICE_MISSING
             words = [ln.split("]", 1)[-1].strip(" └") for ln in text.splitlines()]
             detail = " ".join(w for w in words if w)[:300] or \
                 f"the {self.device} accelerator did not initialize (no usable {self.device} here; LiteRT logs why)"

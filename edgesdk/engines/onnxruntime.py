@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..bundle import sha256_file
+from ..choices import BackendReason, CacheState
 from ..external_data import external_data_locations, location_problem
 from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
@@ -142,7 +143,8 @@ class OnnxRuntimeEngine(Engine):
             return ort.InferenceSession(model, so, providers=[provider])
         except Exception as exc:  # ORT raises its own pybind exception types
             text = str(exc)
-            reason = "unsupported_ops" if "fallback" in text.lower() or "not supported" in text.lower() else "load_failed"
+            unsupported = "fallback" in text.lower() or "not supported" in text.lower()
+            reason = BackendReason.UNSUPPORTED_OPS if unsupported else BackendReason.LOAD_FAILED
             raise BackendUnavailable(reason, f"ONNX Runtime cannot load {self.model_path.name} on {provider}: "
                                              f"{text[:300]}") from exc
 
@@ -159,7 +161,7 @@ class OnnxRuntimeEngine(Engine):
         if self._external_data is None or self._external_data:
             # Unreadable (ORT's own load says why), or weights kept in other files (ONNX external data),
             # which are not in the key: not cached.
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
             return self._open(str(self.model_path), so, provider)
         folder = self.cache_dir / "onnxruntime"
         # The bundle's verified sha256 of the model when it gave one, else hashed here.
@@ -175,7 +177,7 @@ class OnnxRuntimeEngine(Engine):
                 fast.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
                 try:
                     session = ort.InferenceSession(data, fast, providers=[provider])
-                    self.cache_state = "hit"
+                    self.cache_state = CacheState.HIT
                     return session
                 except Exception:  # intact but unloadable here (a file from another build): replace it
                     pass
@@ -185,7 +187,7 @@ class OnnxRuntimeEngine(Engine):
             folder.mkdir(parents=True, exist_ok=True)
             tmp = folder / f".{stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp.onnx"
         except OSError:
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
             return self._open(str(self.model_path), so, provider)
         so.optimized_model_filepath = str(tmp)
         try:
@@ -194,14 +196,14 @@ class OnnxRuntimeEngine(Engine):
             # Saving can fail where loading does not (read-only folder, a model over protobuf's 2 GB):
             # load without the cache; if that fails too, its error is about the model.
             tmp.unlink(missing_ok=True)
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
             return self._open(str(self.model_path), self._session_options(provider), provider)
         try:
             os.replace(tmp, folder / f"{stem}.{sha256_file(tmp)[:32]}.onnx")
-            self.cache_state = "rebuilt" if discarded else "stored"
+            self.cache_state = CacheState.REBUILT if discarded else CacheState.STORED
         except OSError:
             tmp.unlink(missing_ok=True)
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
         return session
 
     @staticmethod

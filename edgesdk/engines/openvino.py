@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 
 from ..bundle import sha256_file
+from ..choices import CacheState
 from ..errors import BackendUnavailable
 from .base import KINDS, Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
@@ -186,7 +187,7 @@ class OpenVINOEngine(Engine):
                     # OpenVINO compiled anew (adding a blob the list does not vouch for) or failed: the
                     # folder is dropped and built again by the next open.
                     shutil.rmtree(final, ignore_errors=True)
-                self.cache_state = "hit" if hit else "unavailable"
+                self.cache_state = CacheState.HIT if hit else CacheState.UNAVAILABLE
                 return compiled
             shutil.rmtree(final, ignore_errors=True)  # damaged: never handed to OpenVINO
             discarded = True
@@ -194,13 +195,13 @@ class OpenVINOEngine(Engine):
             root.mkdir(parents=True, exist_ok=True)
             building = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=root))
         except OSError:
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
             return None
         try:
             compiled = core().compile_model(str(self.model_path), self.device, {**config, "CACHE_DIR": str(building)})
         except Exception:  # the uncached compile says what is wrong with the model or device
             shutil.rmtree(building, ignore_errors=True)
-            self.cache_state = "unavailable"
+            self.cache_state = CacheState.UNAVAILABLE
             return None
         try:
             blobs = sorted(p for p in building.iterdir() if p.is_file())
@@ -209,10 +210,11 @@ class OpenVINOEngine(Engine):
             listing = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in blobs}
             (building / _INTEGRITY).write_text(json.dumps(listing, indent=1), encoding="utf-8")
             os.rename(building, final)
-            self.cache_state = "rebuilt" if discarded else "stored"
+            self.cache_state = CacheState.REBUILT if discarded else CacheState.STORED
         except OSError:  # includes another process publishing the same folder first: its blobs serve as well
             shutil.rmtree(building, ignore_errors=True)
-            self.cache_state = ("rebuilt" if discarded else "stored") if _intact(final) else "unavailable"
+            self.cache_state = (CacheState.REBUILT if discarded else CacheState.STORED) if _intact(final) \
+                else CacheState.UNAVAILABLE
         return compiled
 
     def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:

@@ -17,12 +17,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..choices import CriticalMode
 from ..errors import BudgetExceeded, InputError
 from .sensors import LEVELS, ThermalReading, ThermalSensor, _RANK, _worst
 
 _LEVEL_KEYS = {"threads": None, "min_interval_ms": 0.0, "adaptive": False, "prefer": None}
 _CRITICAL_KEYS = {"mode": "refuse", "max_wait_s": 30.0}
-CRITICAL_MODES = ("refuse", "defer", "escalate")
+CRITICAL_MODES = tuple(CriticalMode)
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,11 @@ class ThermalActions:
         for name in ("warm", "hot"):
             object.__setattr__(self, name, _level_actions(name, getattr(self, name)))
         critical = _known_keys("critical", self.critical, _CRITICAL_KEYS)
-        if critical["mode"] not in CRITICAL_MODES:
+        mode = CriticalMode.lookup(critical["mode"])
+        if mode is None:
             raise InputError(f"thermal actions: critical mode {critical['mode']!r} is not one of "
-                             f"{', '.join(CRITICAL_MODES)}")
+                             f"{', '.join(CriticalMode.values())}")
+        critical["mode"] = mode
         if not _number(critical["max_wait_s"]) or critical["max_wait_s"] < 0:
             raise InputError(f"thermal actions: critical max_wait_s must be a number >= 0, got "
                              f"{critical['max_wait_s']!r}")
@@ -370,9 +373,9 @@ class ThermalGovernor:
                     self._paced_s += wait
                     break
                 critical = self.actions.critical
-                if critical["mode"] == "escalate":
+                if critical["mode"] == CriticalMode.ESCALATE:
                     return Plan(plan.level, 0.0, None, False, None, plan.temperature_c, escalate=True), 0.0, 0.0
-                if critical["mode"] == "refuse":
+                if critical["mode"] == CriticalMode.REFUSE:
                     raise self._refusal(None)
                 if deadline is None:
                     deadline = now + critical["max_wait_s"]

@@ -1,0 +1,178 @@
+"""Every choice an option takes and every reason code an error, a skip or an escalation carries, as types.
+
+Each is a ``str``-valued enum: a member compares equal to its plain string (``Policy.AUTO == "auto"``), hashes like
+it, prints, formats and serializes to JSON as it (``f"{reason}"``, ``json.dumps``), so code and tools that read the
+plain strings keep working; a misspelt member is an ``AttributeError`` at import time, not a branch never taken.
+Options are checked against these where they are built (:class:`~edgesdk.model.RuntimeOptions`,
+:class:`~edgesdk.hybrid.HybridOptions`), and errors turn a known code into its member
+(:class:`~edgesdk.errors.BackendUnavailable`, :class:`~edgesdk.errors.BudgetExceeded`,
+:class:`~edgesdk.errors.CloudError`). The README's lists (policies, hybrid modes, speed checks and the table of
+reason codes) are checked against this module by ``tests/test_choices.py``.
+
+This module imports nothing from edgesdk, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeVar
+
+C = TypeVar("C", bound="Choice")
+
+
+class Choice(str, enum.Enum):
+    """Base of the enums below: a ``str`` whose ``str()`` and ``format()`` are its value on every Python."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """The plain strings, in declaration order (for messages: ``", ".join(Policy.values())``)."""
+        return tuple(m.value for m in cls)
+
+    @classmethod
+    def lookup(cls: type[C], value: object) -> C | None:
+        """The member equal to ``value`` (a member or its plain string), or None (never raises)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls._value2member_map_.get(str.__str__(value))  # type: ignore[return-value]
+        return None
+
+    @classmethod
+    def parse(cls: type[C], value: object, what: str, error: type[Exception] = ValueError) -> C:
+        """The member equal to ``value``; else raise ``error`` naming ``what`` and the allowed values."""
+        found = cls.lookup(value)
+        if found is None:
+            raise error(f"{what} must be one of {', '.join(cls.values())}, got {value!r}")
+        return found
+
+    @classmethod
+    def coerce(cls: type[C], value: str) -> C | str:
+        """The member equal to ``value``; an unknown string is returned as it is (a code from elsewhere, e.g. a
+        child process's exception name, is still reported rather than lost)."""
+        found = cls.lookup(value)
+        return value if found is None else found
+
+
+# -- options --------------------------------------------------------------------------------------------------------
+
+class Policy(Choice):
+    """``RuntimeOptions.policy``: how candidates are ordered (:mod:`edgesdk.selection`)."""
+
+    AUTO = "auto"
+    PREFER_NPU = "prefer-npu"
+    PREFER_GPU = "prefer-gpu"
+    CPU_ONLY = "cpu-only"
+    MAX_EFFICIENCY = "max-efficiency"
+    AUTOTUNE = "autotune"
+
+
+class Performance(Choice):
+    """``RuntimeOptions.performance``: one inference at a time as fast as it goes, or parallel streams."""
+
+    LATENCY = "latency"
+    THROUGHPUT = "throughput"
+
+
+class SpeedCheck(Choice):
+    """``RuntimeOptions.speed_check`` (:mod:`edgesdk.precision_choice`)."""
+
+    FULL = "full"
+    PRECISION = "precision"
+    OFF = "off"
+
+
+class HybridMode(Choice):
+    """``HybridOptions.mode`` and ``HybridModel.predict(mode=)`` (:mod:`edgesdk.hybrid`)."""
+
+    DEVICE_ONLY = "device-only"
+    CLOUD_ONLY = "cloud-only"
+    PREFER_DEVICE = "prefer-device"
+    PREFER_CLOUD = "prefer-cloud"
+
+
+class CriticalMode(Choice):
+    """``ThermalActions.critical["mode"]``: what a critical thermal level does (:mod:`edgesdk.thermal.governor`)."""
+
+    REFUSE = "refuse"
+    DEFER = "defer"
+    ESCALATE = "escalate"
+
+
+# -- reasons --------------------------------------------------------------------------------------------------------
+
+class BackendReason(Choice):
+    """``BackendUnavailable.reason``; a skipped candidate (``Skip.reason``) carries one of these or ``memory``."""
+
+    ENGINE_MISSING = "engine_missing"
+    ENGINE_UNKNOWN = "engine_unknown"
+    DEVICE_MISSING = "device_missing"
+    COMPILE_FAILED = "compile_failed"
+    LOAD_FAILED = "load_failed"
+    UNSUPPORTED_OPS = "unsupported_ops"
+    UNSUPPORTED_ARTIFACT = "unsupported_artifact"
+    NUMERICS_MISMATCH = "numerics_mismatch"
+    RUN_FAILED = "run_failed"
+    VALIDATION_FAILED = "validation_failed"
+    ISOLATED_PROBE_FAILED = "isolated_probe_failed"
+    NO_CANDIDATE = "no_candidate"
+    NO_BACKEND = "no_backend"
+    NOT_PLACED = "not_placed"
+    BENCH_TIMEOUT = "bench_timeout"
+    BENCH_FAILED = "bench_failed"
+    COLD_START_TIMEOUT = "cold_start_timeout"
+    COLD_START_FAILED = "cold_start_failed"
+    KSERVE_MISSING = "kserve_missing"
+    KSERVE_UNSUPPORTED = "kserve_unsupported"
+
+
+class BudgetReason(Choice):
+    """``BudgetExceeded.reason``."""
+
+    MEMORY = "memory"
+    THERMAL = "thermal"
+
+
+class CloudReason(Choice):
+    """``CloudError.reason`` (:mod:`edgesdk.cloud.client`)."""
+
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    OVERLOADED = "overloaded"
+    CIRCUIT_OPEN = "circuit_open"
+    RETRY_BUDGET = "retry_budget"
+    REJECTED = "rejected"
+    SERVER_ERROR = "server_error"
+    BAD_RESPONSE = "bad_response"
+    TLS = "tls"
+    NO_TOKEN = "no_token"
+    MODEL_MISMATCH = "model_mismatch"
+    TRANSPORT_ERROR = "transport_error"
+
+
+class EscalationReason(Choice):
+    """``Result.escalation_reason``: why a hybrid ``prefer-device`` model asked the cloud."""
+
+    NO_BACKEND = "no_backend"
+    MEMORY = "memory"
+    THERMAL = "thermal"
+    LOW_CONFIDENCE = "low_confidence"
+    OUT_OF_RANGE = "out_of_range"
+
+
+class CacheState(Choice):
+    """``Engine.cache_state``: what a load did with the engine's compile cache (None: no cache asked for)."""
+
+    HIT = "hit"
+    STORED = "stored"
+    REBUILT = "rebuilt"
+    UNAVAILABLE = "unavailable"
+
+
+__all__ = ["Choice", "Policy", "Performance", "SpeedCheck", "HybridMode", "CriticalMode", "BackendReason",
+           "BudgetReason", "CloudReason", "EscalationReason", "CacheState"]
