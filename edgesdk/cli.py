@@ -1,4 +1,5 @@
-"""The ``edgesdk`` command line. Workstation commands import the converters lazily."""
+"""The ``edgesdk`` command line. Workstation commands import the converters (``edgesdk_converters``) lazily, and
+cloud commands (``serve``, ``export``) the cloud package (``edgesdk_cloud``): a device needs neither."""
 
 from __future__ import annotations
 
@@ -515,7 +516,7 @@ def serve(
     hybrid mode (needs kserve: the cloud extra of edgesdk). Runs until interrupted.
 
     Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
-    from .cloud.server import serve as serve_bundle
+    from edgesdk_cloud.server import serve as serve_bundle  # without kserve, it refuses naming the cloud extra
 
     serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed)
 
@@ -548,7 +549,7 @@ def export_kserve(
 ) -> None:
     """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
     (V2 protocol, port 8080) and a README with the build, push and apply commands."""
-    from .cloud.export import export_kserve as run_export
+    from edgesdk_cloud.export import export_kserve as run_export
 
     result = run_export(bundle, out, image=image, artifact=artifact, force=force, allow_failed=allow_failed)
     _print_export(result, "KServe deployment")
@@ -568,7 +569,7 @@ def export_triton(
     """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, max_batch_size 0, the
     manifest's shapes under the ONNX file's tensor names) and <name>/1/model.onnx, the bundle's artifact unchanged.
     Needs onnxruntime here, to read those names."""
-    from .cloud.export import export_triton as run_export
+    from edgesdk_cloud.export import export_triton as run_export
 
     _print_export(run_export(bundle, out, artifact=artifact, force=force, allow_failed=allow_failed),
                   "Triton model repository")

@@ -21,8 +21,8 @@ import yaml
 from cloud_server import CloudServer, cloud_venv
 from edgesdk import Bundle
 from edgesdk.bundle import sha256_file
-from edgesdk.cloud.export import MARKER, export_kserve, export_triton
 from edgesdk.errors import BundleError, ConversionError, FailedArtifactWarning
+from edgesdk_cloud.export import MARKER, export_kserve, export_triton
 from support import fail_validation
 
 SCRIPT = Path(sys.executable).with_name("edgesdk")
@@ -205,7 +205,7 @@ def test_exported_bundle_serves_as_the_entrypoint_says(kserve_out, tmp_path):
 
 
 def test_export_module_imports_nothing_of_the_cloud_stack():
-    code = ("import sys, edgesdk.cloud.export; "
+    code = ("import sys, edgesdk_cloud.export; "
             "print([m for m in sys.modules if m.split('.')[0] in ('kserve', 'fastapi', 'uvicorn', 'yaml')])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr

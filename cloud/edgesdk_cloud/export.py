@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..bundle import MANIFEST, Artifact, Bundle, check_replaceable, publish_dir, safe_member
-from ..errors import BundleError, ConversionError
+from edgesdk import __version__
+from edgesdk.bundle import MANIFEST, Artifact, Bundle, check_replaceable, publish_dir, safe_member
+from edgesdk.cloud.served_artifact import serving_artifact
+from edgesdk.errors import BundleError, ConversionError
+
 from .server import BundleSignature
 
 MARKER = ".edgesdk-export"
@@ -113,8 +115,6 @@ def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None
 def _default_float(bundle: Bundle) -> Artifact:
     """``edgesdk serve``'s default without its condition that the engine be installed here: the image installs the
     engine of the artifact chosen."""
-    from .server import serving_artifact
-
     return serving_artifact(bundle, installed_only=False)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
-import math
 import sys
 import threading
 from dataclasses import dataclass
@@ -29,10 +28,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import Artifact, Bundle
-from ..engines import engine_version
-from ..errors import BackendUnavailable, BundleError, InputError
-from .client import DATATYPES
+from edgesdk.bundle import Artifact, Bundle
+from edgesdk.cloud.client import DATATYPES
+from edgesdk.cloud.served_artifact import serving_artifact
+from edgesdk.errors import BackendUnavailable, BundleError, InputError
 
 # numpy dtype name -> V2 datatype, from the client's table (one table for both sides of the wire)
 V2_DATATYPES = {np.dtype(t).name: name for name, t in DATATYPES.items()}
@@ -124,49 +123,16 @@ def _v2_tensor(entry: dict[str, Any], model: str) -> V2Tensor:
     return V2Tensor(entry["name"], tuple(int(d) for d in entry["shape"]), str(entry["dtype"]), datatype)
 
 
-def serving_artifact(bundle: Bundle, installed_only: bool = True) -> Artifact:
-    """The artifact served when none is named: the most accurate float artifact (whose engine is installed here,
-    unless ``installed_only`` is False: an image that installs the engine).
-
-    Accuracy is the bundle's validation ``accuracy``; on a tie the golden reference artifact wins, then manifest order.
-    An artifact that failed its validation gate is never the default.
-    """
-    floats = [a for a in bundle.artifacts if a.precision == "fp32"]
-    if not floats:
-        ids = ", ".join(a.id for a in bundle.artifacts)
-        raise BundleError(f"bundle {bundle.name!r} has no float artifact to serve by default; name one "
-                          f"(artifacts: {ids})")
-    failed = {a.id: gate for a in floats if (gate := bundle.failed_gate(a.id)) is not None}
-    if len(failed) == len(floats):
-        gates = "; ".join(f"{aid}: {gate}" for aid, gate in failed.items())
-        raise BundleError(f"bundle {bundle.name!r}: every float artifact failed its validation gate ({gates}); "
-                          f"re-quantize the bundle, or name one with --artifact and --allow-failed")
-    floats = [a for a in floats if a.id not in failed]
-    runnable = [a for a in floats if engine_version(a.engine) is not None] if installed_only else floats
-    if not runnable:
-        engines = ", ".join(sorted({a.engine for a in floats}))
-        raise BackendUnavailable("engine_missing", f"bundle {bundle.name!r} has float artifacts for {engines}, "
-                                 f"and none of these engines is installed (pip install 'edgesdk[{floats[0].engine}]')")
-    validation = bundle.manifest.get("validation") or {}
-    reference = (bundle.manifest.get("golden") or {}).get("reference")
-
-    def rank(a: Artifact) -> tuple[float, bool]:
-        accuracy = (validation.get(a.id) or {}).get("accuracy")
-        known = isinstance(accuracy, (int, float)) and not isinstance(accuracy, bool)
-        return (-accuracy if known else math.inf, a.id != reference)
-
-    return min(runnable, key=rank)  # min keeps the first of equals: manifest order
-
-
 def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127.0.0.1", port: int = 8080,
           allow_failed: bool = False) -> None:
     """Serve the bundle's model at ``http://host:port/v2/models/<name>`` until SIGINT or SIGTERM (blocks).
 
-    ``artifact`` is an artifact id (default: :func:`serving_artifact`). Raises :class:`BundleError` for a bad bundle
-    or an unknown artifact id, :class:`BackendUnavailable` when kserve or the artifact's engine is missing, and
-    :class:`InputError` for a port outside 1-65535. REST only (no gRPC), one worker process. An ``artifact`` that
-    failed its validation gate at quantize time is refused (:class:`BundleError`) unless ``allow_failed``, and then
-    served with a :class:`~edgesdk.errors.FailedArtifactWarning`.
+    ``artifact`` is an artifact id (default: :func:`~edgesdk.cloud.served_artifact.serving_artifact`). Raises
+    :class:`BundleError` for a bad bundle or an unknown artifact id, :class:`BackendUnavailable` when kserve or the
+    artifact's engine is missing, and :class:`InputError` for a port outside 1-65535. REST only (no gRPC), one
+    worker process. An ``artifact`` that failed its validation gate at quantize time is refused
+    (:class:`BundleError`) unless ``allow_failed``, and then served with a
+    :class:`~edgesdk.errors.FailedArtifactWarning`.
     """
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InputError(f"port must be an integer from 1 to 65535, got {port!r}")

@@ -1,6 +1,6 @@
-"""Hybrid mode across the network: the V2 client the device calls (:mod:`edgesdk.cloud.client`) and the
-server that hosts a bundle in the cloud (:mod:`edgesdk.cloud.server`, ``edgesdk serve``).
+"""Hybrid mode across the network, on the device: the V2 client the device calls (:mod:`edgesdk.cloud.client`)
+and which artifact a cloud server serves by default (:mod:`edgesdk.cloud.served_artifact`, read from the bundle).
 
-Importing this package imports neither side: the server needs ``kserve`` (``pip install 'edgesdk[cloud]'``),
-which never goes on the device.
+The server and the deployment exporter are the cloud side, a package of their own (:mod:`edgesdk_cloud`:
+``edgesdk serve``, ``edgesdk export``), which this package never imports.
 """
