@@ -1,4 +1,5 @@
-"""The device package never loads the workstation stack: checked in fresh interpreters."""
+"""The device package never loads the workstation or the cloud side (nor the cloud package the workstation):
+checked in fresh interpreters."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from edgesdk.engines import ENGINE_NAMES
 
 FORBIDDEN = ("torch", "nncf", "litert_torch", "edgesdk_converters", "converters", "tensorflow", "ai_edge_quantizer",
-             "onnx", "kserve", "fastapi", "uvicorn")
+             "onnx", "edgesdk_cloud", "cloud", "kserve", "fastapi", "uvicorn")
 ENGINE_PACKAGES = ("onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime")
 
 _PRELUDE = f"""
@@ -77,6 +78,16 @@ report["after_load"] = loaded(FORBIDDEN)
 print("REPORT " + json.dumps(report))
 """
 
+CLOUD_SCRIPT = _PRELUDE + """
+import edgesdk_cloud
+report["modules"] = [m.name for m in pkgutil.walk_packages(edgesdk_cloud.__path__, "edgesdk_cloud.")]
+for name in report["modules"]:
+    importlib.import_module(name)
+report["after_all_modules"] = loaded(("edgesdk_converters", "converters", "torch", "nncf", "litert_torch", "onnx",
+                                      "kserve", "fastapi", "uvicorn"))
+print("REPORT " + json.dumps(report))
+"""
+
 
 def _run(script: str, *args, cwd) -> dict:
     proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, cwd=cwd,
@@ -86,7 +97,7 @@ def _run(script: str, *args, cwd) -> dict:
     return json.loads(line[len("REPORT "):]) | {"stdout": proc.stdout}
 
 
-def test_device_package_loads_no_workstation_module(digits_bundle, tmp_path):
+def test_device_package_loads_no_workstation_or_cloud_module(digits_bundle, tmp_path):
     report = _run(DEVICE_SCRIPT, digits_bundle.bundle, cwd=tmp_path)
     for name in ("edgesdk.bundle", "edgesdk.cli", "edgesdk.errors", "edgesdk.preprocess", "edgesdk.report",
                  "edgesdk.engines", "edgesdk.engines.base", "edgesdk.engines.litert", "edgesdk.engines.openvino",
@@ -109,8 +120,14 @@ def test_engine_registry_imports_only_the_engine_asked_for(digits_bundle, tmp_pa
     assert {m.split(".")[0] for m in report["after_onnxruntime"]} == {"onnxruntime"}
 
 
-def test_load_and_predict_load_no_workstation_module(digits_bundle, digits_images, tmp_path):
+def test_load_and_predict_load_no_workstation_or_cloud_module(digits_bundle, digits_images, tmp_path):
     image = sorted((digits_images / "val" / "0").glob("*.png"))[0]
     report = _run(LOAD_SCRIPT, digits_bundle.bundle, image, cwd=tmp_path)
     assert report["placement"] in ENGINE_NAMES
     assert report["after_load"] == []
+
+
+def test_cloud_package_imports_no_workstation_module_and_kserve_only_to_serve(tmp_path):
+    report = _run(CLOUD_SCRIPT, cwd=tmp_path)
+    assert {"edgesdk_cloud.server", "edgesdk_cloud.export"} <= set(report["modules"])
+    assert report["after_all_modules"] == []
