@@ -5,6 +5,8 @@ installed, never torch, nncf, litert-torch or the workstation converters.
 """
 
 from .bundle import Artifact, Bundle
+from .choices import (BackendReason, BudgetReason, CloudReason, EscalationReason, HybridMode, Performance, Policy,
+                      SpeedCheck)
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
                      CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, FailedArtifactWarning, InputError,
                      ValidationFailed)
@@ -20,6 +22,8 @@ __version__ = "0.1.0"
 __all__ = [
     "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle",
     "Preprocess", "HybridOptions", "EscalationPolicy", "HybridModel", "Trust",
+    "Policy", "Performance", "SpeedCheck", "HybridMode", "BackendReason", "BudgetReason", "CloudReason",
+    "EscalationReason",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
     "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
     "FailedArtifactWarning",
