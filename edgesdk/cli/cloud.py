@@ -1,0 +1,85 @@
+"""The cloud side's commands: ``serve`` and ``export kserve|triton``, importing ``edgesdk_cloud`` inside the command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._app import app
+
+
+@app.command()
+def serve(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
+                                           "accurate float artifact whose engine is installed)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Serve an --artifact that failed its "
+                                      "validation gate at quantize time, with a warning."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="HTTP port."),
+) -> None:
+    """Host a bundle's model in KServe's ModelServer, over the Open Inference Protocol V2 REST: the cloud side of
+    hybrid mode (needs kserve: the cloud extra of edgesdk). Runs until interrupted.
+
+    Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
+    from edgesdk_cloud.server import serve as serve_bundle  # without kserve, it refuses naming the cloud extra
+
+    serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed)
+
+
+export_app = typer.Typer(
+    help="Write what a cloud deployment of a bundle needs into a new folder (the cloud side of hybrid mode).",
+    no_args_is_help=True,
+)
+
+
+app.add_typer(export_app, name="export", help="Write a bundle's cloud deployment: a KServe InferenceService with "
+              "its predictor image, or a Triton model repository.")
+
+
+def _print_export(result, what: str) -> None:
+    print(f"{what} (artifact {result.artifact}) written to {result.out}:")
+    for entry in result.entries:
+        print(f"  {entry}")
+
+
+@export_app.command("kserve")
+def export_kserve(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    out: Path = typer.Argument(..., help="Folder to write (new or empty)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Image name for the InferenceService (default: "
+                                        "edgesdk-<bundle name>:<bundle version>)."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="Artifact id to serve (default: the most "
+                                           "accurate float artifact)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Export an --artifact that failed its "
+                                      "validation gate at quantize time (the image serves it with --allow-failed)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
+) -> None:
+    """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
+    (V2 protocol, port 8080) and a README with the build, push and apply commands."""
+    from edgesdk_cloud.export import export_kserve as run_export
+
+    result = run_export(bundle, out, image=image, artifact=artifact, force=force, allow_failed=allow_failed)
+    _print_export(result, "KServe deployment")
+    print(f"next: {result.out / 'README.md'} (docker build, docker push, kubectl apply)")
+
+
+@export_app.command("triton")
+def export_triton(
+    bundle: Path = typer.Argument(..., help="Bundle directory."),
+    out: Path = typer.Argument(..., help="Folder to write (new or empty): the Triton model repository."),
+    artifact: Optional[str] = typer.Option(None, "--artifact", help="ONNX Runtime artifact id (default: the "
+                                           "onnxruntime fp32 artifact)."),
+    allow_failed: bool = typer.Option(False, "--allow-failed", help="Export an --artifact that failed its "
+                                      "validation gate at quantize time."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
+) -> None:
+    """Write a Triton model repository: <name>/config.pbtxt (platform onnxruntime_onnx, max_batch_size 0, the
+    manifest's shapes under the ONNX file's tensor names) and <name>/1/model.onnx, the bundle's artifact unchanged.
+    Needs onnxruntime here, to read those names."""
+    from edgesdk_cloud.export import export_triton as run_export
+
+    _print_export(run_export(bundle, out, artifact=artifact, force=force, allow_failed=allow_failed),
+                  "Triton model repository")

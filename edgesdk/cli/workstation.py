@@ -1,0 +1,178 @@
+"""The workstation's commands: ``quantize``, ``demo``, ``calibrate-escalation``. They import the converters
+(``edgesdk_converters``, with torch, nncf and litert-torch) inside the command, never at import time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import ConversionError
+from ._app import app
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _targets(value: Optional[str]) -> Optional[List[str]]:
+    if value is None:
+        return None
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+def _input_shapes(values: Optional[List[str]]) -> dict[str, tuple[int, ...]]:
+    """``name:1x3x48x192`` (repeatable) -> {name: (1, 3, 48, 192)}."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in values or []:
+        name, sep, dims = value.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape:
+            raise typer.BadParameter(f"{value!r}: write NAME:DIMS, e.g. input:1x3x224x224", param_hint="--input-shape")
+        if name in shapes:
+            raise typer.BadParameter(f"input {name!r} is given twice", param_hint="--input-shape")
+        shapes[name] = shape
+    return shapes
+
+
+def _converters():
+    """The workstation quantizer, imported only by the commands that need it."""
+    import importlib.util
+
+    # Fail here, with the fix, rather than mid-conversion (find_spec does not import: torch is slow to load).
+    missing = [m for m in ("edgesdk_converters", "torch", "onnx", "nncf", "ai_edge_quantizer")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConversionError(f"this command runs on the workstation and needs {', '.join(missing)} "
+                              "(pip install torch==2.13.0, then pip install 'edgesdk[convert]')")
+    from edgesdk_converters.quantize import quantize
+
+    return quantize
+
+
+@app.command()
+def quantize(
+    source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
+    calib: Path = typer.Option(..., "--calib", help="Calibration data: image folder (flat or one sub-folder per "
+                               "class), .npy of preprocessed inputs, or .npz with x (and optional y labels)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Bundle directory to write (default: SOURCE stem + .bundle)."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Comma list of tflite, openvino, onnx "
+                                          "(default: every target the source allows)."),
+    val: Optional[Path] = typer.Option(None, "--val", help="Validation data, same forms as --calib "
+                                       "(default: a held-out split of the calibration data)."),
+    preprocess: Optional[Path] = typer.Option(None, "--preprocess", help="TOML with size, color, layout, scale, "
+                                              "mean, std; required for image folders."),
+    labels: Optional[Path] = typer.Option(None, "--labels", help="Text file with one label per line (class index order)."),
+    samples: int = typer.Option(300, "--samples", help="Calibration samples, drawn with a fixed seed, stratified by class."),
+    val_samples: Optional[int] = typer.Option(None, "--val-samples", help="Cap on validation samples (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for drawing samples."),
+    max_drop: float = typer.Option(1.0, "--max-drop", help="Allowed accuracy drop in points (agreement drop "
+                                   "without labels); exit 1 when an INT8 artifact exceeds it."),
+    max_error_cap: float = typer.Option(0.10, "--max-error-cap", help="Largest max-abs error of an INT8 artifact "
+                                        "against the float outputs, as a share of their range (saturating kernels "
+                                        "exceed it); exit 1 beyond it. It also caps the device's golden tolerance."),
+    name: Optional[str] = typer.Option(None, "--name", help="Bundle name (default: source stem)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    tflite_io: str = typer.Option("float", "--tflite-io", help="Input/output tensors of the INT8 tflite: 'float' "
+                                  "(int8 inside, fastest on CPU/GPU/most NPUs) or 'int8' (integer-only: Coral, MCUs)."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix an ONNX input's dynamic "
+                                                    "dimensions, NAME:DIMS (e.g. images:1x3x640x640); repeatable. "
+                                                    "Default: the first calibration sample's shape."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
+) -> None:
+    """Quantize a float model to INT8 for LiteRT, OpenVINO and ONNX Runtime, validate, and write a bundle."""
+    run_quantize = _converters()
+
+    out = out or source.with_name(source.stem + ".bundle")
+    result = run_quantize(
+        source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
+        samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
+        name=name, overwrite=force,
+        tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
+    )
+    if as_json:
+        print(json.dumps(result.manifest, indent=2))
+    else:
+        print(result.table())
+        print(f"\nbundle written to {result.bundle}")
+
+
+@app.command()
+def demo(
+    workdir: Path = typer.Option(Path("build/demo"), "--workdir", help="Where the digits images and bundle go."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Quantize the bundled digits sample to all three targets, offline, and print the validation table."""
+    sample = REPO_ROOT / "samples" / "digits"
+    if not (sample / "digits.pt2").is_file():
+        raise typer.BadParameter(f"the digits sample is not at {sample}; run the demo from a checkout of edgesdk")
+    images = workdir / "digits-images"
+    if not (images / "val").is_dir():
+        print(f"exporting scikit-learn's digits to {images}", file=sys.stderr)
+        done = subprocess.run([sys.executable, str(sample / "export_images.py"), str(images)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConversionError(f"exporting the digits images failed (needs scikit-learn: pip install "
+                                  f"'edgesdk[dev]'):\n{done.stderr.strip()[-2000:]}")
+    run_quantize = _converters()
+    result = run_quantize(
+        sample / "digits.pt2", images / "train", workdir / "digits.bundle", val=images / "val",
+        preprocess=sample / "preprocess.toml", overwrite=True, progress=not quiet, max_drop=0.5,
+    )
+    print(result.table())
+    print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
+
+
+@app.command("calibrate-escalation")
+def calibrate_escalation(
+    bundle: Path = typer.Argument(..., help="The device bundle whose hybrid threshold is chosen."),
+    val: Path = typer.Option(..., "--val", help="Labelled validation data: image folder with one sub-folder per "
+                             "class, or .npz with x and y."),
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="The cloud endpoint (V2 server URL) to compare with."),
+    cloud_bundle: Optional[Path] = typer.Option(None, "--cloud-bundle", help="Or: a bundle run here in the cloud's "
+                                                "place."),
+    target_escalation: Optional[float] = typer.Option(None, "--target-escalation", help="Best accuracy escalating "
+                                                      "at most this share of inputs (e.g. 0.25)."),
+    target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="Fewest escalations reaching "
+                                                    "this hybrid accuracy (e.g. 0.99)."),
+    signal: str = typer.Option("max_prob", "--signal", help="max_prob, margin or entropy."),
+    token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding the cloud's "
+                                            "bearer token."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Measure and print; do not write the manifest."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest entry (with the curve) as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Sweep the escalation threshold on labelled validation data against the cloud and store the chosen one (and
+    the curve escalation rate -> hybrid accuracy) in the bundle's manifest. Default goal: within 0.3 points of
+    cloud-only accuracy with the fewest escalations. Runs where the labels are (a workstation)."""
+    import importlib.util
+
+    if importlib.util.find_spec("edgesdk_converters") is None or importlib.util.find_spec("tqdm") is None:
+        raise ConversionError("calibrate-escalation runs on the workstation and needs the converters "
+                              "(pip install 'edgesdk[convert]')")
+    from edgesdk_converters.escalation import calibrate_escalation as run_calibration
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(text, file=sys.stderr)
+
+    entry = run_calibration(bundle, val, cloud=cloud, cloud_bundle=cloud_bundle, target_escalation=target_escalation,
+                            target_accuracy=target_accuracy, signal=signal, token_env=token_env, write=not dry_run,
+                            progress=not quiet, say=say)
+    if as_json:
+        print(json.dumps(entry, indent=2))
+        return
+    print(f"{'escalated':>10} {'hybrid accuracy':>16}")
+    step = max(1, len(entry["curve"]) // 20)
+    for p in entry["curve"][::step]:
+        print(f"{p['escalation_rate']:>10.1%} {p['accuracy']:>16.2%}")
+    print(f"device-only {entry['device_accuracy']:.2%}, cloud-only {entry['cloud_accuracy']:.2%}; "
+          f"{entry['signal']} {'>' if entry['signal'] == 'entropy' else '<'} {entry['threshold']:.4f} escalates "
+          f"{entry['escalation_rate']:.1%} for "
+          f"{entry['hybrid_accuracy']:.2%} ({entry['chosen_by']})")
