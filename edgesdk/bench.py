@@ -27,7 +27,6 @@ The report is a dict (``--json`` prints it) whose ``backends`` entries carry ``e
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -281,38 +280,36 @@ def bench(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | No
 
 
 def _child(bundle_path: str, engine: str, device: str, artifact: str, options: BenchOptions) -> dict:
-    args = json.dumps({"bundle": bundle_path, "engine": engine, "device": device, "artifact": artifact,
-                       "options": asdict(options)})
-    code = "import sys; from edgesdk.bench import _child_main; _child_main(sys.argv[1])"
+    """Measure one backend in a fresh process (:func:`edgesdk.child_process.run_child`): its row, or its error."""
+    from .child_process import run_child
+
+    args = {"bundle": bundle_path, "engine": engine, "device": device, "artifact": artifact,
+            "options": asdict(options)}
     try:
-        done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True,
-                              timeout=CHILD_TIMEOUT_S)
+        run = run_child("from edgesdk.bench import _child_main\n_child_main(ARGS, answer)\n", args,
+                        timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         raise BackendUnavailable("bench_timeout", f"the benchmark child did not finish in {CHILD_TIMEOUT_S} s") \
             from exc
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        try:
-            err = json.loads(lines[-1]) if lines else {}
-        except ValueError:
-            err = {}
-        raise BackendUnavailable(err.get("reason", "bench_failed"), err.get("detail") or
-                                 f"the benchmark child exited {done.returncode}: {done.stderr.strip()[-1500:]}")
-    return json.loads(lines[-1])
+    if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
+        err = run.answer if isinstance(run.answer, dict) else {}
+        raise BackendUnavailable(err.get("reason") or "bench_failed", err.get("detail") or
+                                 f"the benchmark child {run.how_it_ended()}: {run.stderr[-1500:].strip()}")
+    return run.answer
 
 
-def _child_main(argument: str) -> None:
-    """Entry of the child process: measure one backend and print its row as one JSON line."""
+def _child_main(args: dict, answer) -> None:
+    """Entry of the child process: measure one backend and answer its row (or its edgesdk error)."""
     from .errors import EdgeSDKError
 
-    a = json.loads(argument)
-    options = BenchOptions(**a["options"])
+    options = BenchOptions(**args["options"])
     try:
-        row = measure_backend(a["bundle"], a["engine"], a["device"], a["artifact"], options)
+        row = measure_backend(args["bundle"], args["engine"], args["device"], args["artifact"], options)
     except EdgeSDKError as exc:
-        print(json.dumps({"reason": getattr(exc, "reason", type(exc).__name__), "detail": str(exc)}))
-        sys.exit(3)
-    print(json.dumps(row))
+        answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", type(exc).__name__),
+                "detail": str(exc)})
+        return
+    answer(row)
 
 
 def _cold(bundle_path: str, engine: str, device: str, artifact: str, options: BenchOptions) -> dict:

@@ -1,9 +1,9 @@
 """Cold start: bundle open to first result, each run in a fresh Python process.
 
 A process that has already loaded an engine keeps its libraries, allocator and code pages warm, so
-cold start is only honest in a new interpreter. Each run is ``sys.executable -c <child>``: it imports
-edgesdk, opens and verifies the bundle, opens the artifact with its manifest runtime options (as
-:meth:`edgesdk.Artifact.open` does), runs the first golden input and prints its timings as JSON.
+cold start is only honest in a new interpreter. Each run is a child of :func:`edgesdk.child_process.run_child`: it
+imports edgesdk, opens and verifies the bundle, opens the artifact with its manifest runtime options (as
+:meth:`edgesdk.Artifact.open` does), runs the first golden input and answers its timings.
 The child imports what a device would import, never torch or the converters.
 
 With ``cache_dir``, one priming run fills the engine's compile cache first (not counted), so the
@@ -13,34 +13,29 @@ LiteRT's CPU interpreter has none ("n/a").
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from .child_process import run_child, tail
 from .errors import BackendUnavailable, BundleError, EdgeSDKError, InputError
 
 TIMINGS = ("import_ms", "bundle_open_ms", "engine_import_ms", "engine_open_ms", "first_inference_ms",
            "open_to_first_result_ms", "process_ms")
-_MARK = "EDGESDK_COLD_START "  # engines may print on stdout too: the result line carries this prefix
-_TAIL = 1500  # characters of the child's stderr quoted in an error
 
 # The child reads its arguments as JSON from argv[1]. Times are perf_counter differences in ms;
 # the golden file is read outside the timed span (it is test data, not part of serving).
 _CHILD = r"""
-import json, sys, time
+import time
 t0 = time.perf_counter()
 import edgesdk
 from edgesdk.bundle import Bundle
 from edgesdk.engines import engine_class, open_engine
 from edgesdk.errors import EdgeSDKError
 t1 = time.perf_counter()
-args = json.loads(sys.argv[1])
-mark = args["mark"]
+args = ARGS
 try:
     bundle = Bundle.open(args["bundle"])
     art = bundle.artifact(args["artifact"])
@@ -58,20 +53,20 @@ try:
     outs = engine.run(feeds)
     t5 = time.perf_counter()
 except EdgeSDKError as exc:
-    print(mark + json.dumps({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
-                             "detail": getattr(exc, "detail", str(exc))}), flush=True)
+    answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
+            "detail": getattr(exc, "detail", str(exc))})
     sys.exit(3)
 ref = golden.get("output_0")
 diff = float(abs(outs[0] - ref[:1]).max()) if ref is not None and ref[:1].shape == outs[0].shape else None
 ms = lambda a, b: (b - a) * 1e3
-print(mark + json.dumps({
+answer({
     "import_ms": ms(t0, t1), "bundle_open_ms": ms(t1, t2), "engine_import_ms": ms(t3, t3b),
     "engine_open_ms": ms(t3, t4), "first_inference_ms": ms(t4, t5), "open_to_first_result_ms": ms(t1, t2) + ms(t3, t5),
     "cache": backend.compile_cache(args["device"]), "cache_state": engine.cache_state,
     "executing": list(engine.executing), "max_abs_diff": diff,
     "heavy_modules": sorted(m for m in ("torch", "nncf", "litert_torch", "edgesdk_converters", "converters",
                                         "tensorflow", "ai_edge_quantizer", "onnx") if m in sys.modules),
-}), flush=True)
+})
 """
 
 
@@ -103,8 +98,7 @@ def cold_start(bundle_path: str | Path, engine: str, device: str, artifact: str,
     if threads is not None and threads < 1:
         raise ValueError(f"cold_start needs threads >= 1 or None, got {threads}")
     args = {"bundle": str(Path(bundle_path).resolve()), "engine": engine, "device": device, "artifact": artifact,
-            "cache_dir": str(Path(cache_dir).resolve()) if cache_dir is not None else None, "threads": threads,
-            "mark": _MARK}
+            "cache_dir": str(Path(cache_dir).resolve()) if cache_dir is not None else None, "threads": threads}
     result: dict[str, Any] = {"bundle": args["bundle"], "engine": engine, "device": device, "artifact": artifact,
                               "threads": threads, "cache_dir": args["cache_dir"], "priming": None}
     if cache_dir is not None:
@@ -122,33 +116,23 @@ def cold_start(bundle_path: str | Path, engine: str, device: str, artifact: str,
 
 
 def _child(args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One fresh process; its timings, with ``process_ms`` measured from here."""
+    """One fresh process (:func:`edgesdk.child_process.run_child`); its timings, with ``process_ms`` measured from
+    here."""
     where = f"cold start of {args['artifact']} on {args['engine']}:{args['device']}"
-    env = dict(os.environ)
-    # The child imports the same edgesdk as this process, wherever it is run from.
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
-                              timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        run = run_child(_CHILD, args, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise BackendUnavailable("cold_start_timeout", f"{where} did not finish in {timeout:g} s (killed); "
-                                                       f"stderr tail: {_tail(exc.stderr)}") from exc
+                                                       f"stderr tail: {tail(exc.stderr)}") from exc
     except OSError as exc:
         raise BackendUnavailable("cold_start_failed", f"{where}: cannot start {sys.executable}: {exc}") from exc
-    process_ms = (time.perf_counter() - start) * 1e3
-    line = next((ln[len(_MARK):] for ln in proc.stdout.splitlines() if ln.startswith(_MARK)), None)
-    try:
-        report = json.loads(line) if line is not None else None
-    except ValueError:
-        report = None
+    report = run.answer if isinstance(run.answer, dict) else None
     if report is None:
-        raise BackendUnavailable("cold_start_failed", f"{where}: the child exited with status {proc.returncode} "
-                                                      f"and no result; stderr tail: {_tail(proc.stderr)}")
+        raise BackendUnavailable("cold_start_failed", f"{where}: the child {run.how_it_ended()} and no result; "
+                                                      f"stderr tail: {run.stderr_tail()}")
     if "error" in report:
         raise _child_error(report, where)
-    report["process_ms"] = process_ms
+    report["process_ms"] = run.elapsed_ms
     return report
 
 
@@ -162,10 +146,3 @@ def _child_error(report: dict[str, Any], where: str) -> EdgeSDKError:
     if kind == "InputError":
         return InputError(f"{where}: {detail}")
     return EdgeSDKError(f"{where}: {kind}: {detail}")
-
-
-def _tail(text: str | bytes | None) -> str:
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    text = (text or "").strip()
-    return ("..." + text[-_TAIL:]) if len(text) > _TAIL else (text or "(empty)")

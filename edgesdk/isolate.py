@@ -16,11 +16,9 @@ What the child's end means (:func:`probe`):
   the signal or status and the last lines of the child's stderr. :func:`edgesdk.load` skips that
   candidate, and raises :class:`~edgesdk.errors.BundleError` when no other candidate serves.
 
-The verdict is a file the child creates (exclusively, once) in a temporary directory of this process,
-not a line on stdout: an engine or a model that prints cannot forge it. The child runs in isolated mode
-(``-I``: no current directory or script directory on its path, no ``PYTHON*`` variables, so a planted
-``json.py`` in the working directory is not imported), and its environment lacks the variables whose
-names look like secrets (:data:`SECRET_WORDS`): the probe needs none.
+The child is started by :func:`edgesdk.child_process.run_child`: isolated mode (``-I``), no variables whose names
+look like secrets, and a verdict that is a file the child creates once, never a line on stdout (an engine or a model
+that prints cannot forge it).
 
 The child imports what a device imports (edgesdk, numpy, the one engine), never torch or the
 converters; it sees this process's ``sys.path`` (passed explicitly), so a backend added with
@@ -31,47 +29,38 @@ fills the engine's compile cache as a load here would, so the load that follows 
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from .bundle import Bundle, safe_member
+from .child_process import SECRET_WORDS, run_child, tail
 from .engines import ENGINE_NAMES, engine_class
 from .errors import BackendUnavailable, BundleError
 
 PROBE_TIMEOUT_S = 300.0  # an NPU or GPU compile of a large model can take minutes
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")  # env names with these are not passed to the child
-_TAIL_LINES = 12  # lines of the child's stderr quoted in the error
+__all__ = ["probe", "PROBE_TIMEOUT_S", "SECRET_WORDS"]
 
-# argv[1] is JSON: the model, engine, options, golden file and input count, the verdict file, the parent's
-# sys.path and, for a registered backend, where to import it from. faulthandler prints the Python stack of a crash on
-# stderr (the native crash itself still ends the child by its signal).
+# ARGS: the model, engine, options, golden file and input count and, for a registered backend, where to import it
+# from. faulthandler prints the Python stack of a crash on stderr (the native crash itself still ends the child by
+# its signal).
 _CHILD = r"""
-import faulthandler, json, sys
+import faulthandler
 faulthandler.enable()
 try:
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 except (ImportError, ValueError, OSError):
     pass
-args = json.loads(sys.argv[1])
-sys.path[:0] = [p for p in args["sys_path"] if p not in sys.path]
+args = ARGS
 import importlib
 import numpy as np
 from edgesdk.engines import open_engine, register_backend
 from edgesdk.errors import BackendUnavailable, EdgeSDKError
 from edgesdk.numerics import golden_feeds
 
-def verdict(obj):
-    # "x": created once; if anything else made the file first, this raises and the child's status says so
-    with open(args["verdict"], "x", encoding="utf-8") as f:
-        json.dump(obj, f)
+verdict = answer
 
 try:
     if args["plugin"] is not None:
@@ -116,32 +105,21 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()},
         "golden": str(safe_member(bundle.root, golden[0]["path"])) if golden else None,
         "inputs": len(bundle.manifest["inputs"]),
-        # The package this edgesdk came from first: the child runs the same code as this process.
-        "sys_path": [str(Path(__file__).resolve().parent.parent)] + [p for p in sys.path if isinstance(p, str) and p],
         "plugin": _plugin(engine, where),
     }
-    with tempfile.TemporaryDirectory(prefix="edgesdk-probe-") as tmp:
-        args["verdict"] = str(Path(tmp) / "verdict.json")
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run([sys.executable, "-I", "-c", _CHILD, json.dumps(args)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, errors="replace", timeout=timeout,
-                                  stdin=subprocess.DEVNULL, env=_child_env())
-        except subprocess.TimeoutExpired as exc:
-            raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
-                                                              f"{timeout:g} s (killed); stderr: {_tail(exc.stderr)}") from exc
-        except OSError as exc:
-            raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
-                                                              f"{sys.executable}: {exc}") from exc
-        elapsed_ms = (time.perf_counter() - start) * 1e3
-        try:
-            verdict = json.loads(Path(args["verdict"]).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            verdict = None
-    if proc.returncode != 0 or not isinstance(verdict, dict):
+    try:
+        run = run_child(_CHILD, args, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
+                                                          f"{timeout:g} s (killed); stderr: {tail(exc.stderr)}") from exc
+    except OSError as exc:
+        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
+                                                          f"{sys.executable}: {exc}") from exc
+    verdict = run.answer
+    if run.returncode != 0 or not isinstance(verdict, dict):
+        ended = run.how_it_ended().replace("without an answer", "without a verdict")
         raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} ({art.model_path.name}) "
-                                                          f"{_how_it_ended(proc.returncode)}; stderr: "
-                                                          f"{_tail(proc.stderr)}")
+                                                          f"{ended}; stderr: {run.stderr_tail()}")
     if "error" in verdict:
         detail = f"{where} (isolated probe): {verdict.get('detail') or ''}"
         if verdict["error"] == "BackendUnavailable":
@@ -149,12 +127,7 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
         if verdict["error"] == "BundleError":
             raise BundleError(detail)
         raise BackendUnavailable("isolated_probe_failed", f"{detail} ({verdict['error']})")
-    return elapsed_ms
-
-
-def _child_env() -> dict[str, str]:
-    """This process's environment without the variables whose names look like secrets."""
-    return {k: v for k, v in os.environ.items() if not any(w in k.upper() for w in SECRET_WORDS)}
+    return run.elapsed_ms
 
 
 def _plugin(engine: str, where: str) -> dict[str, str] | None:
@@ -167,22 +140,3 @@ def _plugin(engine: str, where: str) -> dict[str, str] | None:
                                                           f"{backend.__qualname__} (defined in {backend.__module__}; "
                                                           "register a class from an importable module)")
     return {"module": backend.__module__, "qualname": backend.__qualname__}
-
-
-def _how_it_ended(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"was killed by {name}"
-    if returncode == 0:
-        return "exited without a verdict"
-    return f"exited with status {returncode}"
-
-
-def _tail(text: str | bytes | None) -> str:
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
-    return " | ".join(lines[-_TAIL_LINES:])[-2000:] if lines else "(empty)"
