@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import InputError
+from .lifecycle import Closeable
 
 _WIDTH = 7  # millidegrees: -999.999 .. 9999.999 C
 SPIN_S = 0.0003  # time.sleep overshoots by ~60 us here: the last part of a sleep spins on perf_counter
 
 
-class SimulatedThermalDevice:
+class SimulatedThermalDevice(Closeable):
     """First-order thermal model: dT/dt = (P(t) * R_th - (T - T_ambient)) / tau, P = idle_w + active_w * duty.
 
     ``duty`` is the busy time recorded over an update interval divided by its length (work of concurrent threads
@@ -142,12 +143,6 @@ class SimulatedThermalDevice:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def __enter__(self) -> "SimulatedThermalDevice":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 __all__ = ["SimulatedThermalDevice"]

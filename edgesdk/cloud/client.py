@@ -48,6 +48,7 @@ import numpy as np
 
 from ..choices import CloudReason
 from ..errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
+from ..lifecycle import Closeable
 
 log = logging.getLogger("edgesdk.cloud")
 
@@ -225,7 +226,7 @@ class CircuitBreaker:
         self.opened += 1
 
 
-class CloudClient:
+class CloudClient(Closeable):
     """Calls one model on one V2 endpoint. ``url`` is the server root (``https://host:port``); ``model`` the
     model name (the bundle's name, usually). Thread-safe.
 
@@ -345,12 +346,6 @@ class CloudClient:
 
     def close(self) -> None:
         self._transport.close()
-
-    def __enter__(self) -> "CloudClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- the resilient call -----------------------------------------------------------------------------------
     def _server_has_binary(self, deadline_s: float) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..choices import CacheState, Performance
 from ..errors import BackendUnavailable, InputError
+from ..lifecycle import Closeable
 
 PERFORMANCE = tuple(Performance)
 
@@ -76,7 +77,7 @@ class Discovery:
                 "notes": self.notes}
 
 
-class Engine(ABC):
+class Engine(Closeable, ABC):
     """A loaded model on one engine and device.
 
     ``run`` takes and returns float32 arrays in the model's input/output order;
@@ -189,9 +190,3 @@ class Engine(ABC):
                 )
             checked.append(np.ascontiguousarray(arr, dtype=np.float32))
         return checked
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
