@@ -21,15 +21,15 @@ instead. The deadline bounds the attempts and the pauses between them; within on
 applies to each read (a server that trickles bytes can stretch it) and the host name is resolved by the system
 (use an address, or a resolver with its own timeout, where that matters).
 
-The transport is injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s) ->
+The pieces live beside this module: :mod:`.transport` (the injectable transport and the URL check),
+:mod:`.resilience` (retry budget, circuit breaker) and :mod:`.v2_codec` (request and response bodies); their public
+names are importable from here too. The transport is injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s) ->
 Response`` that raises ``OSError`` (``TimeoutError`` for a timeout) when no response came. The default,
 :class:`HttpTransport`, keeps one connection per thread and endpoint (``http.client``, standard library only).
 """
 
 from __future__ import annotations
 
-import http.client
-import ipaddress
 import json
 import logging
 import os
@@ -39,9 +39,7 @@ import ssl
 import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -49,181 +47,18 @@ import numpy as np
 from ..choices import CloudReason
 from ..errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
 from ..lifecycle import Closeable
+from .resilience import CircuitBreaker, RetryBudget
+from .transport import HttpTransport, Response, Transport, _is_loopback, check_url
+from .v2_codec import _V2_NAME, DATATYPES, _decode, _encode, _error_message, _retry_after, _safe
 
 log = logging.getLogger("edgesdk.cloud")
 
-DATATYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-             "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-             "FP32": np.float32, "FP64": np.float64}
-_V2_NAME = {np.dtype(t): name for name, t in DATATYPES.items()}
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 # Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
 SERVER_FAILURES = frozenset({CloudReason.TIMEOUT, CloudReason.UNREACHABLE, CloudReason.OVERLOADED,
                              CloudReason.SERVER_ERROR, CloudReason.BAD_RESPONSE, CloudReason.RETRY_BUDGET,
                              CloudReason.TLS, CloudReason.TRANSPORT_ERROR})
-LOOPBACK_NAMES = ("localhost",)
-MAX_ERROR_CHARS = 300  # of a server's error message kept in an exception
 BINARY_RECHECK_S = 60.0  # after a failed GET /v2, JSON is used this long before asking again
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: Mapping[str, str]  # lower-case names
-    body: bytes
-
-
-class Transport(Protocol):
-    def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                timeout_s: float) -> Response: ...
-
-    def close(self) -> None: ...
-
-
-class HttpTransport:
-    """HTTP/1.1 with keep-alive: one connection per thread and endpoint, reopened after any failure. TLS uses
-    the system's trust store (or ``cafile``) and checks the host name."""
-
-    def __init__(self, cafile: str | None = None):
-        self._ssl = ssl.create_default_context(cafile=cafile)
-        self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-
-    def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                timeout_s: float) -> Response:
-        parts = urlsplit(url)
-        key = (parts.scheme, parts.hostname, parts.port)
-        conns = self._local.__dict__.setdefault("conns", {})
-        conn = conns.get(key)
-        if conn is None:
-            if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=self._ssl)
-            else:
-                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
-            conns[key] = conn
-            with self._lock:
-                self._all.append(conn)
-        conn.timeout = timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout_s)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        try:
-            conn.request(method, path, body=body, headers=dict(headers))
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            conns.pop(key, None)
-            with self._lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-            if isinstance(exc, http.client.HTTPException):
-                raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
-            raise
-        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-
-    def close(self) -> None:
-        with self._lock:
-            for conn in self._all:
-                conn.close()
-            self._all.clear()
-
-
-class RetryBudget:
-    """Retries may use at most ``ratio`` of the calls, plus a ``reserve`` for a quiet start: every call deposits
-    ``ratio`` tokens (up to ``reserve``), every retry takes one. Thread-safe."""
-
-    def __init__(self, ratio: float = 0.2, reserve: float = 10.0):
-        if not 0 <= ratio <= 1 or reserve < 1:
-            raise InputError(f"retry budget: ratio must be in [0, 1] and reserve >= 1, got {ratio}, {reserve}")
-        self.ratio, self.reserve = float(ratio), float(reserve)
-        self._tokens = float(reserve)
-        self._lock = threading.Lock()
-        self.spent = self.refused = 0
-
-    def deposit(self) -> None:
-        with self._lock:
-            self._tokens = min(self.reserve, self._tokens + self.ratio)
-
-    def withdraw(self) -> bool:
-        with self._lock:
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                self.spent += 1
-                return True
-            self.refused += 1
-            return False
-
-
-class CircuitBreaker:
-    """Closed, open, half-open. Opens when at least ``min_calls`` of the last ``window`` calls were made and
-    ``failure_rate`` of them failed (after their retries); while open, calls fail at once. After ``cooldown_s`` one
-    probe call is let through (half-open): success closes it, failure opens it again. Thread-safe; ``clock`` is
-    injectable."""
-
-    def __init__(self, failure_rate: float = 0.5, window: int = 50, min_calls: int = 20, cooldown_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
-        if not 0 < failure_rate <= 1 or window < 1 or not 1 <= min_calls <= window or cooldown_s < 0:
-            raise InputError("circuit breaker: need 0 < failure_rate <= 1, window >= 1, 1 <= min_calls <= window "
-                             f"and cooldown_s >= 0, got {failure_rate}, {window}, {min_calls}, {cooldown_s}")
-        self.failure_rate, self.min_calls, self.cooldown_s = failure_rate, min_calls, cooldown_s
-        self._outcomes: deque[bool] = deque(maxlen=window)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.state = "closed"
-        self._opened_at = 0.0
-        self._probing = False
-        self._generation = 0  # bumped at every state change: tickets of older generations are not counted
-        self.opened = self.recovered = 0  # how many times it opened, and closed again after a probe
-
-    def allow(self) -> tuple[int, bool] | None:
-        """A ticket for one call (None: fail fast), to hand back to :meth:`record`. In half-open only one
-        ticket is a probe; results of calls let through before the state changed are ignored."""
-        with self._lock:
-            if self.state == "closed":
-                return (self._generation, False)
-            if self.state == "open" and self._clock() - self._opened_at >= self.cooldown_s:
-                self.state = "half_open"
-                self._generation += 1
-            if self.state == "half_open" and not self._probing:
-                self._probing = True
-                return (self._generation, True)
-            return None
-
-    def record(self, ticket: tuple[int, bool], success: bool | None) -> None:
-        """Count a call's outcome; ``success`` None: it sent nothing (a probe is handed back unused)."""
-        generation, probe = ticket
-        with self._lock:
-            if generation != self._generation:
-                return  # a call from before the last state change: it says nothing about now
-            if self.state == "half_open":
-                if not probe:
-                    return
-                self._probing = False
-                if success is None:
-                    return
-                if success:
-                    self.state = "closed"
-                    self._generation += 1
-                    self._outcomes.clear()
-                    self.recovered += 1
-                else:
-                    self._open()
-                return
-            if self.state != "closed" or success is None:
-                return
-            self._outcomes.append(success)
-            failures = self._outcomes.count(False)
-            if len(self._outcomes) >= self.min_calls and failures >= self.failure_rate * len(self._outcomes):
-                self._open()
-
-    def _open(self) -> None:
-        self.state = "open"
-        self._generation += 1
-        self._opened_at = self._clock()
-        self._outcomes.clear()
-        self.opened += 1
 
 
 class CloudClient(Closeable):
@@ -518,116 +353,6 @@ class CloudClient(Closeable):
         with self._lock:
             self._stats["failures"][exc.reason] = self._stats["failures"].get(exc.reason, 0) + 1
         return exc
-
-
-def check_url(url: str, allow_insecure_http: bool = False) -> str:
-    """The endpoint URL, normalized; :class:`InputError` for a URL this client refuses (see the module docstring)."""
-    if not isinstance(url, str):
-        raise InputError(f"cloud url must be a string, got {type(url).__name__}")
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(f"cloud url must be http(s)://host[:port], got {url!r}")
-    if parts.username or parts.password:
-        raise InputError("cloud url must not carry credentials: pass token= or token_env=")
-    if parts.scheme == "http" and not allow_insecure_http and not _is_loopback(parts.hostname):
-        raise InputError(f"cloud url {url!r} is plain http to a non-loopback host: use https, or "
-                         "allow_insecure_http=True if the network is trusted")
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _encode(arrays: Sequence[np.ndarray], names: Sequence[str], rid: str, binary: bool) -> tuple[bytes, dict]:
-    inputs, blobs = [], []
-    for name, arr in zip(names, arrays):
-        arr = np.asarray(arr)
-        datatype = _V2_NAME.get(arr.dtype)
-        if datatype is None:
-            raise InputError(f"input {name!r}: dtype {arr.dtype} has no Open Inference Protocol datatype")
-        entry: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": datatype}
-        if binary:
-            raw = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            if datatype == "FP16":
-                raise InputError(f"input {name!r} is FP16, which cannot travel as JSON; the server must offer "
-                                 "the binary tensor extension")
-            entry["data"] = arr.reshape(-1).tolist()
-        inputs.append(entry)
-    request: dict[str, Any] = {"id": rid, "inputs": inputs}
-    if binary:
-        request["parameters"] = {"binary_data_output": True}
-    header = json.dumps(request, separators=(",", ":")).encode()
-    if not binary:
-        return header, {"Content-Type": "application/json"}
-    return header + b"".join(blobs), {"Content-Type": "application/octet-stream",
-                                      "Inference-Header-Content-Length": str(len(header))}
-
-
-def _decode(resp: Response, rid: str) -> list[np.ndarray]:
-    body = resp.body
-    length = resp.headers.get("inference-header-content-length")
-    try:
-        split = int(length) if length is not None else len(body)
-        if not 0 <= split <= len(body):
-            raise ValueError(f"Inference-Header-Content-Length {split} outside the body ({len(body)} bytes)")
-        answer = json.loads(body[:split])
-        outputs, rest, offset = [], body[split:], 0
-        for out in answer["outputs"]:
-            dtype = np.dtype(DATATYPES[out["datatype"]]).newbyteorder("<")
-            shape = [int(d) for d in out["shape"]]
-            size = (out.get("parameters") or {}).get("binary_data_size")
-            if size is not None:
-                if offset + int(size) > len(rest):
-                    raise ValueError(f"output {out.get('name')!r} needs {size} bytes past the JSON; "
-                                     f"{len(rest) - offset} are left")
-                arr = np.frombuffer(rest[offset:offset + int(size)], dtype=dtype).reshape(shape)
-                offset += int(size)
-            else:
-                arr = np.asarray(out["data"], dtype=dtype).reshape(shape)
-            outputs.append(arr.astype(dtype.newbyteorder("=")))
-    except (ValueError, KeyError, TypeError, OverflowError, AttributeError, IndexError) as exc:
-        raise CloudError(CloudReason.BAD_RESPONSE,
-                         f"the infer response is not valid V2: {type(exc).__name__}: {_safe(exc)}",
-                         resp.status) from None
-    if answer.get("id") not in (None, rid):
-        raise CloudError(CloudReason.BAD_RESPONSE,
-                         f"the infer response answers request {answer.get('id')!r}, not {rid!r}", resp.status)
-    if not outputs:
-        raise CloudError(CloudReason.BAD_RESPONSE, "the infer response has no outputs", resp.status)
-    return outputs
-
-
-def _safe(exc: BaseException) -> str:
-    """An exception's message for our own error text, cut short (it may quote a server's body)."""
-    return str(exc)[:MAX_ERROR_CHARS]
-
-
-def _error_message(resp: Response) -> str:
-    try:
-        data = json.loads(resp.body)
-        message = data.get("error") if isinstance(data, dict) else None
-    except ValueError:
-        message = None
-    if not isinstance(message, str):
-        message = resp.body[:MAX_ERROR_CHARS].decode("utf-8", "replace").strip() or "(no body)"
-    return message[:MAX_ERROR_CHARS]
-
-
-def _retry_after(resp: Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: ignored, the backoff applies
 
 
 __all__ = ["check_url", "CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport", "DATATYPES"]
