@@ -11,7 +11,11 @@ from .errors import (BackendUnavailable, BudgetExceeded, BundleError, Calibratio
                      CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, FailedArtifactWarning, InputError,
                      ValidationFailed)
 from .hybrid import EscalationPolicy, HybridModel, HybridOptions
-from .model import Budgets, Model, Result, RuntimeOptions, Top, load
+from .bundle_io import Top
+from .runtime.loading import load
+from .runtime.model import Model
+from .runtime.options import Budgets, RuntimeOptions
+from .runtime.result import Result
 from .placement import Placement
 from .pool import ModelPool
 from .preprocess import Preprocess

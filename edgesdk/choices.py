@@ -3,7 +3,7 @@
 Each is a ``str``-valued enum: a member compares equal to its plain string (``Policy.AUTO == "auto"``), hashes like
 it, prints, formats and serializes to JSON as it (``f"{reason}"``, ``json.dumps``), so code and tools that read the
 plain strings keep working; a misspelt member is an ``AttributeError`` at import time, not a branch never taken.
-Options are checked against these where they are built (:class:`~edgesdk.model.RuntimeOptions`,
+Options are checked against these where they are built (:class:`~edgesdk.runtime.options.RuntimeOptions`,
 :class:`~edgesdk.hybrid.HybridOptions`), and errors turn a known code into its member
 (:class:`~edgesdk.errors.BackendUnavailable`, :class:`~edgesdk.errors.BudgetExceeded`,
 :class:`~edgesdk.errors.CloudError`). The README's lists (policies, hybrid modes, speed checks and the table of

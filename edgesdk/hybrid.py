@@ -15,7 +15,7 @@ entropy of the class distribution, and ours: the share of input values outside t
 quantization was calibrated on (the manifest's ``calibration.input_ranges``). :class:`EscalationPolicy`
 combines them: one confidence signal against a threshold, plus a cap on the clipped share.
 
-Every :class:`~edgesdk.model.Result` says which ``source`` answered (``device`` / ``cloud``), why it escalated
+Every :class:`~edgesdk.Result` says which ``source`` answered (``device`` / ``cloud``), why it escalated
 (``escalation_reason``), whether it is ``degraded``, and, when the cloud failed, ``cloud_error`` (its reason).
 """
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from .choices import BackendReason, CloudReason, EscalationReason, HybridMode
 from .errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
+from .runtime.result import Result
 
 log = logging.getLogger("edgesdk.hybrid")
 
@@ -210,11 +211,9 @@ class HybridModel:
             if self.device_error is not None:
                 raise _copy(self.device_error) from self.device_error  # a fresh one per call: no shared traceback
             raise BackendUnavailable(BackendReason.NO_BACKEND, f"no device backend serves {self.bundle.name!r}")
-        return self.device._run(feeds, t0)
+        return self.device.run_prepared(feeds, t0)
 
     def _cloud(self, feeds: list[np.ndarray], t0: float, reason: EscalationReason | None) -> Any:
-        from .model import Result
-
         # One deadline for everything this answer needs from the cloud (the model check, once, and the call).
         end = self.cloud.clock() + self.cloud.deadline_s
         self._ensure_model_checked(self.cloud.deadline_s)

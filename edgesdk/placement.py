@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping, Sequence
 
 from .choices import BackendReason, BudgetReason, Policy
+from .frozen import freeze, thaw
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Skip:
         return {**asdict(self.candidate), "reason": self.reason, "detail": self.detail}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
     """The placement proof of a loaded model.
 
@@ -55,6 +56,10 @@ class Placement:
     ``engine_choice`` is the engine race of the same module (``kind``, ``chosen`` engine, ``incumbent`` (the
     profile's first), ``timings_ms`` and ``ratio_to_incumbent`` per candidate, ``passes``, ``cached``, ``method``);
     None when there was none (one engine, or an engine, device, artifact or memory budget was given).
+
+    A placement is a value, shared by a model and its results: it is frozen, and its lists and dicts are read-only
+    (:mod:`edgesdk.frozen`: still lists and dicts to read, compare and ``json.dumps``), made so once when it is
+    built; :meth:`to_dict` gives plain, mutable data.
     """
 
     engine: str
@@ -62,19 +67,23 @@ class Placement:
     kind: str
     artifact: str
     precision: str
-    executing: list[str]
+    executing: Sequence[str]
     effective_precision: str | None
     fully_accelerated: bool | None
-    numerics: dict[str, Any]
+    numerics: Mapping[str, Any]
     policy: Policy
     profile: str | None
-    skipped: list[Skip] = field(default_factory=list)
-    autotune: dict[str, Any] | None = None
-    precision_choice: dict[str, Any] | None = None
-    engine_choice: dict[str, Any] | None = None
+    skipped: Sequence[Skip] = field(default_factory=list)
+    autotune: Mapping[str, Any] | None = None
+    precision_choice: Mapping[str, Any] | None = None
+    engine_choice: Mapping[str, Any] | None = None
+
+    def __post_init__(self):
+        for name in ("executing", "numerics", "skipped", "autotune", "precision_choice", "engine_choice"):
+            object.__setattr__(self, name, freeze(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
         data["skipped"] = [s.to_dict() for s in self.skipped]
         return data
 

@@ -11,7 +11,9 @@ from typing import Any
 from . import memory
 from .choices import BudgetReason
 from .errors import BudgetExceeded, InputError
-from .model import Model, RuntimeOptions, _load, _options
+from .runtime.loading import load_device
+from .runtime.model import Model
+from .runtime.options import RuntimeOptions, merge_options
 
 
 class ModelPool:
@@ -26,7 +28,7 @@ class ModelPool:
         if memory_mb <= 0:
             raise InputError(f"memory_mb must be positive, got {memory_mb}")
         self.memory_mb = float(memory_mb)
-        opts = _options(options, dict(overrides))
+        opts = merge_options(options, dict(overrides))
         self._options = replace(opts, budgets=replace(opts.budgets, memory_mb=self.memory_mb))
         self._baseline_mb = memory.rss_mb()
         self._models: dict[Path, Model] = {}
@@ -46,7 +48,7 @@ class ModelPool:
                 return self._models[key]
             while True:
                 try:
-                    model = _load(key, self._options, self.in_use_mb)
+                    model = load_device(key, self._options, self.in_use_mb)
                     break
                 except BudgetExceeded as exc:
                     if exc.reason != BudgetReason.MEMORY or not self._evict_one():
@@ -62,7 +64,7 @@ class ModelPool:
         return model.predict(x)
 
     def _evict_one(self) -> bool:
-        idle = [k for k in self._models if not self._models[k]._lock.locked()]  # not mid-inference
+        idle = [k for k in self._models if not self._models[k].busy]  # not mid-inference
         if not idle:
             return False
         oldest = min(idle, key=self._last_used.get)

@@ -796,10 +796,12 @@ def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(
     paced = next(r for r in results if r.budget["action"] == "paced")
     assert paced.budget["thermal"]["slept_ms"] > 0 and paced.budget["thermal"]["level"] == "warm"
     assert paced.budget["thermal"]["actions"][0] == "paced"
-    # Results made under one plan do not share mutable parts.
+    # Results made under one plan share no mutable part: their budget entries are read-only.
     a, b = results[-2].budget, results[-1].budget
-    assert a["thermal"] is not b["thermal"] and a["thermal"]["actions"] is not b["thermal"]["actions"]
-    a["thermal"]["actions"].append("mutated")
+    with pytest.raises(TypeError, match="read-only"):
+        a["thermal"]["actions"].append("mutated")
+    with pytest.raises(TypeError, match="read-only"):
+        a["thermal"]["slept_ms"] = 0.0
     assert "mutated" not in b["thermal"]["actions"]
 
 
@@ -902,10 +904,12 @@ def test_hot_moves_a_cpu_model_to_the_npu_and_back(digits_bundle, tmp_path, engi
         assert hot.budget["thermal"]["backend_now"].startswith("fake-npu:NPU:")
         assert model.placement.engine == "onnxruntime"  # where load put it: unchanged
         assert int(hot.outputs[0].argmax()) == int(cool.outputs[0].argmax())
-        # Results do not share their budget entries, the memory part included.
+        # A result's budget entry is a value: read-only, the memory part included, so no result can change another's
+        # or the model's.
         again = model.predict(x)
-        assert again.budget["memory"] == hot.budget["memory"] and again.budget["memory"] is not hot.budget["memory"]
-        assert again.budget["memory"] is not model.budget["memory"]
+        assert again.budget["memory"] == hot.budget["memory"] == model.budget["memory"]
+        with pytest.raises(TypeError, match="read-only"):
+            hot.budget["memory"]["model_mb"] = 0.0
 
         set_temp(root, 40.0)
         back = model.predict(x)
@@ -982,6 +986,47 @@ def test_a_switch_follows_check_numerics_and_a_failing_check_leaks_nothing(digit
     assert engine_log["opened"] - opened == 1 and engine_log["closed"] - closed == 1
 
 
+def test_a_switch_under_isolate_probes_the_new_backend_first_once(digits_bundle, tmp_path, monkeypatch):
+    """isolate=True holds for the thermal switch as for load: a backend is opened here only after a child process
+    opened and ran it, once per backend (load probed the first); a failed probe keeps the model where it is."""
+    import edgesdk
+    from edgesdk import BackendUnavailable, Bundle, isolate
+
+    probed, refuse = [], set()
+    real_probe = isolate.probe
+
+    def spy(bundle, artifact_id, engine, options, **kwargs):
+        probed.append(artifact_id)
+        if artifact_id in refuse:  # stands in for a child that crashed: the real probe is tested in test_isolate
+            raise BackendUnavailable("isolated_probe_failed", f"{artifact_id}: the child was killed by SIGSEGV")
+        return real_probe(bundle, artifact_id, engine, options, **kwargs)
+
+    monkeypatch.setattr(isolate, "probe", spy)
+    root = hot_zone(tmp_path)
+    x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
+    with edgesdk.load(digits_bundle.bundle, require="onnxruntime", artifact="onnxruntime-fp32", isolate=True,
+                      thermal=hot_governor(root)) as model:
+        assert probed == ["onnxruntime-fp32"]
+        set_temp(root, 80.0)
+        assert model.predict(x).budget["thermal"]["artifact_now"] == "onnxruntime-int8"
+        set_temp(root, 40.0)
+        assert model.predict(x).budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
+        set_temp(root, 80.0)
+        assert model.predict(x).budget["thermal"]["artifact_now"] == "onnxruntime-int8"
+        assert probed == ["onnxruntime-fp32", "onnxruntime-int8"]  # each backend once
+
+    probed.clear()
+    refuse.add("onnxruntime-int8")
+    set_temp(root, 40.0)
+    with edgesdk.load(digits_bundle.bundle, require="onnxruntime", artifact="onnxruntime-fp32", isolate=True,
+                      thermal=hot_governor(root)) as model:
+        set_temp(root, 80.0)
+        hot = model.predict(x)
+        assert hot.budget["thermal"]["artifact_now"] == "onnxruntime-fp32" and hot.placement.numerics["checked"]
+        assert "artifact_switched" not in hot.budget["thermal"]["actions"]
+        assert probed == ["onnxruntime-fp32", "onnxruntime-int8"]
+
+
 def test_edge_tpu_sensor_reads_the_hottest_tpu_and_its_trip_points(tmp_path):
     from edgesdk.thermal import EdgeTpuTemperature
 
@@ -1005,7 +1050,7 @@ def test_edge_tpu_sensor_reads_the_hottest_tpu_and_its_trip_points(tmp_path):
 def test_switch_candidates_must_fit_the_memory_limit(digits_bundle, tmp_path):
     from edgesdk import Bundle
     from edgesdk.memory import CostBook, MemoryLimit
-    from edgesdk.model import _fitting
+    from edgesdk.runtime.fitting import switch_candidates
     from edgesdk.placement import Candidate
 
     bundle = Bundle.open(digits_bundle.bundle)
@@ -1014,11 +1059,11 @@ def test_switch_candidates_must_fit_the_memory_limit(digits_bundle, tmp_path):
     npu = Candidate("fake-npu", "NPU", "NPU", "onnxruntime-int8", "int8")
     costs = CostBook(tmp_path / "costs.json")
     roomy, tight = MemoryLimit(10_000.0, "budget"), MemoryLimit(101.0, "budget")
-    assert _fitting([int8, npu], bundle, costs, roomy, 100.0, home) == [int8, npu]
+    assert switch_candidates([int8, npu], bundle, costs, roomy, 100.0, home) == [int8, npu]
     # 1 MB free: the fake NPU's runtime would not fit beside; the INT8 sibling's smaller files on the loaded
     # engine do.
-    assert _fitting([int8, npu], bundle, costs, tight, 100.0, home) == [int8]
-    assert _fitting([home], bundle, costs, roomy, 100.0, int8) == []  # larger files than the loaded ones
+    assert switch_candidates([int8, npu], bundle, costs, tight, 100.0, home) == [int8]
+    assert switch_candidates([home], bundle, costs, roomy, 100.0, int8) == []  # larger files than the loaded ones
 
 
 @pytest.mark.parametrize("allow_failed", [False, True])

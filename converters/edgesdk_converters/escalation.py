@@ -94,7 +94,7 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         served = serving_artifact(Bundle.open(cloud_bundle)).id
         local = edgesdk.load(cloud_bundle, **{"artifact": served, **load_options})
         closing.append(local)
-        remote = lambda feeds: local._run(feeds, 0.0).outputs  # noqa: E731
+        remote = lambda feeds: local.run_prepared(feeds).outputs  # noqa: E731
         cloud_name = f"bundle {Path(cloud_bundle).name} run here ({local.placement.artifact})"
     policy = EscalationPolicy(signal=signal, threshold=0.0)
     n = len(ds)
@@ -108,7 +108,7 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
     for i in _bar(range(n), progress):
         feeds = [np.ascontiguousarray(a[None] if a.ndim == len(s.shape) - 1 else a, dtype=np.float32)
                  for a, s in zip(ds.load(i), specs)]
-        result = device._run(feeds, 0.0)
+        result = device.run_prepared(feeds)
         probs = device.io.probabilities(result.outputs)
         if probs is None:
             raise CalibrationError(f"bundle {b.name!r} is not a classifier (postprocess type "

@@ -2,14 +2,21 @@
 inference, and what its result's budget entry says.
 
 At load the runtime hands over the candidates it may serve from (the policy's order, ``require`` met, none that
-failed at load, and within the memory limit: see ``edgesdk.model._fitting``). The lower-power one is an NPU
+failed at load, and within the memory limit: see :func:`edgesdk.runtime.fitting.switch_candidates`). The
+lower-power one is an NPU
 when the model is not on one, else a lower precision on the same kind of device (INT8 before FP16 before FP32,
 the same engine and device first). The CPU and a GPU are not traded for each other: which draws less depends on
 the device (a phone GPU more than its CPU, a Jetson GPU less). A plan that says ``prefer: lower_power`` (hot, by
 default) switches to it; a plan that does not switches back. Engines fix their device, artifact and threads at
 load, so a switch reopens the engine, once per plan (i.e. per sensor read that changes it), never per
-inference. A backend that fails to open or fails its numerics check is not used, and not tried again for
-``RETRY_AFTER_S``; the plan's thread count is then applied to the backend in use.
+inference. A backend is opened as the load opens one (:func:`edgesdk.runtime.opening.open_checked`): its numerics
+checked unless the model was loaded with ``check_numerics=False``, and with ``isolate=True`` probed in a child process
+first, once per backend and model (the one load put it on was probed then). A backend that fails to open, its probe
+or its numerics check is not used, and not tried again for ``RETRY_AFTER_S``; the plan's thread count is then applied
+to the backend in use.
+
+The result's budget entry is made once per plan, read-only (:mod:`edgesdk.frozen`); only a paced or deferred
+inference, whose sleep is its own, gets an entry of its own.
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-from .. import numerics
-from ..engines import Engine, open_engine
+from ..engines import Engine
 from ..errors import BudgetExceeded
+from ..frozen import FrozenDict, freeze
 from ..placement import Candidate, Placement
+from ..runtime.opening import open_checked
 from .governor import Plan, describe
 
 PRECISION_POWER = ("int8", "fp16", "fp32")
@@ -54,7 +62,7 @@ class ThermalServing:
 
     def __init__(self, governor: Any, bundle: Any, engine: Engine, placement: Placement, budget: dict,
                  threads: int | None, alternatives: Sequence[Candidate] = (), check_numerics: bool = True,
-                 engine_options: dict[str, Any] | None = None):
+                 engine_options: dict[str, Any] | None = None, isolate: bool = False):
         self.governor = governor
         self._bundle = bundle
         self._budget = budget
@@ -66,18 +74,20 @@ class ThermalServing:
         self._now, self._threads_now = self._home, threads
         self._check_numerics = check_numerics
         self._engine_options = dict(engine_options or {})  # performance, cache_dir: as the model was loaded
+        self._isolate = isolate
+        self._probed = {self._home}  # with isolate: backends a child process opened and ran (home: at load)
         self._failed: dict[tuple[Candidate, int | None], float] = {}  # -> when it failed (time.monotonic)
         self._plan: Plan | None = None
-        self._entries: tuple[dict, dict] = ({}, {})  # unpaced, paced
+        self._entries: tuple[FrozenDict, FrozenDict] = (FrozenDict(), FrozenDict())  # unpaced, paced
 
     @property
     def lower_power(self) -> Candidate | None:
         """Where ``prefer: lower_power`` moves this model (None: it already runs on the lowest-power choice)."""
         return self._lower
 
-    def admit(self) -> dict:
+    def admit(self) -> FrozenDict:
         """Ask the governor (it may sleep, or raise :class:`BudgetExceeded`), follow a new plan, and return the
-        budget entry for this inference. Afterwards ``engine`` and ``placement`` are what serves it."""
+        budget entry for this inference (read-only). Afterwards ``engine`` and ``placement`` are what serves it."""
         plan, paced_s, deferred_s = self.governor.admit()
         if plan is not self._plan:
             if plan.escalate:
@@ -88,15 +98,11 @@ class ThermalServing:
             self._follow(plan)
         if deferred_s:
             return self._entry(plan, paced_s, deferred_s)
-        # Copied from the plan's template, so that no result shares a mutable part with another (~0.3 us).
-        template = self._entries[1] if paced_s else self._entries[0]
-        budget, thermal = template.copy(), template["thermal"].copy()
-        thermal["actions"] = thermal["actions"].copy()
-        thermal["slept_ms"] = paced_s * 1e3
-        budget["thermal"] = thermal
-        if "memory" in budget:
-            budget["memory"] = budget["memory"].copy()
-        return budget
+        if not paced_s:
+            return self._entries[0]  # the plan's own entry, shared by its unpaced results: read-only
+        # Paced: the plan's paced entry with this inference's sleep; the rest is shared, read-only.
+        template = self._entries[1]
+        return FrozenDict({**template, "thermal": FrozenDict({**template["thermal"], "slept_ms": paced_s * 1e3})})
 
     def _follow(self, plan: Plan) -> None:
         # The governor only ever reduces threads: never above what the model was loaded with.
@@ -116,27 +122,21 @@ class ThermalServing:
         self._entries = (self._entry(plan, 0.0, 0.0), self._entry(plan, 1e-9, 0.0))
 
     def _reopen(self, target: Candidate, threads: int | None) -> bool:
-        """Swap the engine for ``target`` with ``threads``; keep the old one when the new one fails to load or
-        its numerics check (the budget then simply does not claim the change). True when swapped."""
-        art = self._bundle.artifact(target.artifact)
-        options = art.engine_options(device=target.device, **self._engine_options)
-        if threads:
-            options["num_threads"] = threads
+        """Swap the engine for ``target`` with ``threads``; keep the old one when the new one fails its probe, to
+        load or its numerics check (the budget then simply does not claim the change). True when swapped. Only
+        the thread count changing on the backend in use is not checked again."""
+        moving = target != self._now
         try:
-            fresh = open_engine(target.engine, art.model_path, **options)
-        except Exception:  # BackendUnavailable, or anything else the engine raises: not this backend now
+            fresh, check = open_checked(self._bundle, target, threads, check_numerics=self._check_numerics and moving,
+                                        options=self._engine_options,
+                                        isolate=self._isolate and target not in self._probed)
+        except Exception:  # its probe, its load or its numbers failed (or no golden data to check them with)
             self._failed[(target, threads)] = time.monotonic()
             return False
-        check = self.placement.numerics
-        if target != self._now:
-            check = {"checked": False, "why": "turned off (check_numerics=False)"}
-            try:
-                if self._check_numerics:
-                    check = numerics.check(fresh, self._bundle, target.artifact)
-            except Exception:  # wrong numbers, or no golden data to check them with
-                fresh.close()
-                self._failed[(target, threads)] = time.monotonic()
-                return False
+        if self._isolate:
+            self._probed.add(target)
+        if not moving:
+            check = self.placement.numerics
         self.engine.close()
         self._failed.pop((target, threads), None)
         self.engine, self._now, self._threads_now = fresh, target, threads
@@ -146,7 +146,7 @@ class ThermalServing:
                                  fully_accelerated=fresh.fully_accelerated, numerics=check)
         return True
 
-    def _entry(self, plan: Plan, paced_s: float, deferred_s: float) -> dict:
+    def _entry(self, plan: Plan, paced_s: float, deferred_s: float) -> FrozenDict:
         """The result's budget entry for one inference under ``plan``: the governor's decision, with what this
         model did about it. A switch of artifact or backend is the main action; pacing and deferral come
         before fewer threads."""
@@ -158,7 +158,7 @@ class ThermalServing:
             actions.append("threads_reduced")
         thermal.update(actions=actions, action=actions[0] if actions else None, artifact_now=self._now.artifact,
                        backend_now=self._now.label(), threads_now=self._threads_now)
-        return {**self._budget, "thermal": thermal, "action": thermal["action"] or self._budget.get("action")}
+        return freeze({**self._budget, "thermal": thermal, "action": thermal["action"] or self._budget.get("action")})
 
 
 def _candidate(p: Placement) -> Candidate:

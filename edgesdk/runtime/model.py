@@ -1,0 +1,147 @@
+"""The loaded :class:`Model`: one bundle on one engine, predicting under a lock and the budgets. How it was
+chosen and opened is :mod:`edgesdk.runtime.loading`'s; what a hot device changes while it serves is
+:mod:`edgesdk.thermal.serving`'s. Its placement and budget state are values (:mod:`edgesdk.frozen`), made once when
+they change and shared by its results.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..bundle import Bundle
+from ..bundle_io import BundleIO
+from ..choices import BackendReason
+from ..engines import Engine
+from ..errors import BackendUnavailable, InputError
+from ..frozen import freeze
+from ..placement import Candidate, Placement
+from ..thermal.serving import ThermalServing
+from .result import Result
+
+
+class Model:
+    """A bundle loaded on one backend. Thread-safe: a lock serializes inference on the one engine
+    instance, so concurrent calls return exactly what sequential calls return."""
+
+    def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
+                 thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None,
+                 alternatives: Sequence[Candidate] = (), check_numerics: bool = True,
+                 engine_options: dict[str, Any] | None = None, isolate: bool = False):
+        self.bundle = bundle
+        self.placement = placement  # where load put it; a result's placement is where it really ran
+        self.budget = freeze(budget or {})  # read-only: shared by the results (Result.budget), never copied per call
+        self.cost_mb = cost_mb
+        self._thermal = None if thermal is None else \
+            ThermalServing(thermal, bundle, engine, placement, self.budget, threads, alternatives, check_numerics,
+                           engine_options, isolate)
+        self._engine = engine
+        self._lock = threading.Lock()
+        self.io = BundleIO(bundle)
+        self._feeds, self._top = self.io.feeds, self.io.top  # bound once: called on every prediction
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.io.labels
+
+    @property
+    def busy(self) -> bool:
+        """Whether an inference is running on this model at this moment (a :class:`~edgesdk.ModelPool` unloads only
+        models that are not)."""
+        return self._lock.locked()
+
+    @property
+    def parallel_requests(self) -> int:
+        """How many inferences :meth:`predict_batch` keeps in flight (more than 1 only with
+        ``performance="throughput"`` on an engine that overlaps them)."""
+        engine = self._engine
+        return engine.parallel_requests if engine is not None else 1
+
+    # -- inference ------------------------------------------------------------
+    def predict(self, x: Any) -> Result:
+        """Predict one input: an image (path, PIL image, uint8 HxW[xC] array), preprocessed per the
+        manifest; or a float array of the model's input shape (with or without the batch axis);
+        or, for several inputs, a list or a {name: array} dict."""
+        t0 = time.perf_counter()
+        return self.run_prepared(self._feeds(x), t0)
+
+    def run_prepared(self, feeds: Sequence[np.ndarray], started: float | None = None) -> Result:
+        """Run input tensors that are already prepared, under the lock and the budgets, as :meth:`predict` does once
+        it has prepared its input.
+
+        ``feeds``: one array per model input, in the manifest's order, as ``model.io.feeds(x)`` returns them (each
+        of the input's dtype and shape, batch axis included). They are not checked again: an array of another shape
+        or dtype fails in the engine, as :class:`BackendUnavailable` ``run_failed``. ``started``: the
+        ``time.perf_counter()`` at which preparing them began, so that ``timings_ms["preprocess"]`` covers it
+        (None: 0 ms). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.HybridModel` (prepared
+        once for the device or the cloud) and calibrate-escalation."""
+        t0 = started
+        with self._lock:
+            if self._engine is None:
+                raise InputError(f"model {self.bundle.name!r} was closed")
+            placement, budget = self.placement, self.budget
+            if self._thermal is not None:
+                # The governor may pace (sleep), cut threads, switch backend, or refuse (BudgetExceeded "thermal").
+                budget = self._thermal.admit()
+                self._engine, placement = self._thermal.engine, self._thermal.placement
+            t1 = time.perf_counter()
+            if t0 is None:
+                t0 = t1
+            try:
+                outputs = self._engine.run_prepared(feeds)  # prepared (validated, converted) by io.feeds
+            except Exception as exc:  # engine errors enter the edgesdk tree here, chained
+                raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
+                                                                   f"on {placement.artifact}: {exc}") from exc
+        t2 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
+        return Result(outputs, placement, timings, budget=budget, _topk=self._top)
+
+    def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
+        """Predict several inputs (each as :meth:`predict` takes it); results in the same order.
+
+        Artifacts are compiled for batch 1, so each input is its own inference. Loaded with
+        ``performance="throughput"``, OpenVINO overlaps them on parallel streams; otherwise (and under a
+        thermal budget, which decides before each inference) they run one after the other. Every input is
+        checked before any runs. A result's ``timings_ms["inference"]`` is the batch's inference time
+        divided by its size.
+        """
+        xs = list(xs)  # any iterable of inputs
+        if self._thermal is not None or len(xs) < 2:
+            return [self.predict(x) for x in xs]
+        t0 = time.perf_counter()
+        batch = [self._feeds(x) for x in xs]
+        with self._lock:
+            if self._engine is None:
+                raise InputError(f"model {self.bundle.name!r} was closed")
+            placement = self.placement
+            t1 = time.perf_counter()
+            try:
+                outputs = self._engine.run_many(batch)
+            except Exception as exc:  # engine errors enter the edgesdk tree here, chained
+                raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
+                                                                   f"on {placement.artifact}: {exc}") from exc
+        t2 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
+        return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        with self._lock:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
+
+
+__all__ = ["Model"]

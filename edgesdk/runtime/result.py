@@ -1,0 +1,66 @@
+"""One prediction as the caller gets it: :class:`Result` (raw outputs, top-k read on demand, where it ran, how
+long each stage took, the budget state and, in hybrid mode, which side answered and why). Below both the device
+model and :mod:`edgesdk.hybrid`, which make results and import nothing else from each other for it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..bundle_io import Top
+from ..choices import EscalationReason
+from ..frozen import FrozenDict, thaw
+from ..placement import Placement
+
+
+@dataclass
+class Result:
+    """One prediction: raw outputs, top-k (classification), where it ran and how long each stage took.
+
+    In hybrid mode (:mod:`edgesdk.hybrid`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
+    (why the cloud was asked), ``degraded`` (the cloud failed and the device answered), ``cloud_error`` (the
+    cloud failure's reason) and ``signals`` (the device output's hardness signals). ``placement`` is the
+    device's, None when the cloud answered a model that has no device backend.
+
+    The top-k postprocessing runs when ``top`` is first read (an app that only needs the raw outputs
+    does not pay for it); ``timings_ms["postprocess"]`` is recorded then.
+
+    ``placement`` and ``budget`` are values, never the model's state: a frozen
+    :class:`~edgesdk.placement.Placement` and a read-only dict (:class:`~edgesdk.frozen.FrozenDict`, nested ones
+    too), made once when the model's placement or budget state changes and shared by the results made under it
+    (so reading them costs a prediction nothing). Changing one raises ``TypeError``; :meth:`to_dict` and
+    ``placement.to_dict()`` give plain, mutable data.
+    """
+
+    outputs: list[np.ndarray]
+    placement: Placement
+    timings_ms: dict[str, float]
+    source: str = "device"
+    budget: Mapping[str, Any] = field(default_factory=FrozenDict)
+    escalation_reason: EscalationReason | None = None
+    degraded: bool = False
+    signals: dict[str, float | None] | None = None
+    cloud_error: str | None = None
+    _topk: Any = field(default=None, repr=False, compare=False)
+    _top: list[Top] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def top(self) -> list[Top]:
+        if self._top is None:
+            t0 = time.perf_counter()
+            self._top = self._topk(self.outputs) if self._topk is not None else []
+            self.timings_ms["postprocess"] = (time.perf_counter() - t0) * 1e3
+        return self._top
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "escalation_reason": self.escalation_reason, "degraded": self.degraded,
+                "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
+                "timings_ms": self.timings_ms, "outputs": [o.tolist() for o in self.outputs],
+                "budget": thaw(self.budget)}
+
+
+__all__ = ["Result", "Top"]
