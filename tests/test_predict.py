@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -76,6 +77,48 @@ def test_result(model, image):
     assert all(v >= 0 for v in r.timings_ms.values())
     data = json.loads(json.dumps(r.to_dict()))
     assert data["source"] == "device" and data["top"][0]["label"] == r.top[0].label
+
+
+def test_a_result_carries_values_not_the_models_state(model, image):
+    """Result.placement and Result.budget are read-only values (shared by the model's results, never copied per
+    prediction): changing one result changes neither its model nor the next result."""
+    from dataclasses import FrozenInstanceError
+
+    from edgesdk.frozen import thaw
+
+    first = model.predict(image)
+    placement, budget = model.placement.to_dict(), thaw(model.budget)
+    assert first.placement.to_dict() == placement and first.budget == budget and budget["memory"]["model_mb"] > 0
+    with pytest.raises(FrozenInstanceError):
+        first.placement.engine = "elsewhere"
+    refused = {"skipped": lambda: first.placement.skipped.append(None),
+               "executing": lambda: first.placement.executing.clear(),
+               "numerics": lambda: first.placement.numerics.update(checked=False),
+               "budget": lambda: first.budget.__setitem__("action", "mine"),
+               "budget memory": lambda: first.budget["memory"].pop("limit_mb")}
+    for name, change in refused.items():
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    mine = thaw(first.budget)  # a mutable copy is the caller's own
+    mine["memory"]["limit_mb"] = 0.0
+    first.budget = {"replaced": True}  # and so are a result's fields
+    after = model.predict(image)
+    assert model.placement.to_dict() == placement and model.budget == budget
+    assert after.placement.to_dict() == placement and after.budget == budget
+    # still a dict and a list for every reader
+    assert isinstance(after.budget, dict) and isinstance(after.placement.skipped, list)
+    assert json.loads(json.dumps(after.budget)) == budget == json.loads(json.dumps(after.to_dict()))["budget"]
+
+
+def test_run_prepared_runs_the_tensors_io_feeds_prepared(model, image):
+    """The public way to run inputs prepared elsewhere (HybridModel, calibrate-escalation): as predict runs them."""
+    r = model.run_prepared(model.io.feeds(image))
+    assert np.array_equal(r.outputs[0], model.predict(image).outputs[0])
+    assert r.placement is model.placement and r.top[0].label == model.predict(image).top[0].label
+    assert r.timings_ms["preprocess"] == 0.0  # no start given: preparing was not timed here
+    started = time.perf_counter()
+    timed = model.run_prepared(model.io.feeds(image), started)
+    assert timed.timings_ms["preprocess"] > 0.0
 
 
 def test_the_digit_is_recognized(model, digits_images):
