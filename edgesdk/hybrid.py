@@ -31,6 +31,7 @@ import numpy as np
 
 from .choices import BackendReason, CloudReason, EscalationReason, HybridMode
 from .errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
+from .lifecycle import Closeable
 from .runtime.result import Result
 
 log = logging.getLogger("edgesdk.hybrid")
@@ -133,7 +134,7 @@ class HybridOptions:
             raise InputError(f"hybrid mode {self.mode.value!r} needs a cloud endpoint (cloud=URL or a CloudClient)")
 
 
-class HybridModel:
+class HybridModel(Closeable):
     """A bundle served by the device, a cloud endpoint, or both (see the module docstring). Made by
     :func:`edgesdk.load` when the mode is not ``device-only``. ``device`` is the on-device
     :class:`~edgesdk.Model`, or None when it could not load (``device_error`` says why)."""
@@ -268,12 +269,6 @@ class HybridModel:
             self.device.close()
         if self._owns_cloud:
             self.cloud.close()
-
-    def __enter__(self) -> "HybridModel":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         where = self.device.placement if self.device is not None else f"no device ({self.device_error})"

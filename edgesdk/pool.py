@@ -11,12 +11,13 @@ from typing import Any
 from . import memory
 from .choices import BudgetReason
 from .errors import BudgetExceeded, InputError
+from .lifecycle import Closeable
 from .runtime.loading import load_device
 from .runtime.model import Model
 from .runtime.options import RuntimeOptions, merge_options
 
 
-class ModelPool:
+class ModelPool(Closeable):
     """Loads models on demand under ``memory_mb``; when another must load, the least recently used
     idle model is unloaded first. Thread-safe.
 
@@ -95,9 +96,3 @@ class ModelPool:
                 model.close()
             self._models.clear()
             self._last_used.clear()
-
-    def __enter__(self) -> "ModelPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

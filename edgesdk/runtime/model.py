@@ -18,12 +18,13 @@ from ..choices import BackendReason
 from ..engines import Engine
 from ..errors import BackendUnavailable, InputError
 from ..frozen import freeze
+from ..lifecycle import Closeable
 from ..placement import Candidate, Placement
 from ..thermal.serving import ThermalServing
 from .result import Result
 
 
-class Model:
+class Model(Closeable):
     """A bundle loaded on one backend. Thread-safe: a lock serializes inference on the one engine
     instance, so concurrent calls return exactly what sequential calls return."""
 
@@ -133,12 +134,6 @@ class Model:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
