@@ -8,7 +8,7 @@ A real ``edgesdk serve`` of the digits bundle (started from the cloud venv, as i
 rate a request is delayed past the client's attempt timeout, reset (TCP RST), or answered 429 or 503. The app
 side is ``edgesdk.load(bundle, mode="prefer-device", cloud=client, escalation=EscalationPolicy(threshold=1.0))``,
 so every input is "hard" and asks the cloud; when the cloud fails the device answers, marked degraded. The client
-is configured as in ``tests/test_hybrid_cloud.py::test_no_request_is_lost_at_a_30_percent_fault_rate``.
+is configured as in ``tests/cloud/test_hybrid_cloud.py::test_no_request_is_lost_at_a_30_percent_fault_rate``.
 
 Three phases, each with a fresh client (its stats are the phase's) in one run:
 

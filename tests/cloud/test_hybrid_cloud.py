@@ -225,7 +225,7 @@ def test_the_digits_hybrid_sample_meets_its_goal(digits_bundle, digits_images, t
     work.mkdir()
     shutil.copytree(digits_bundle.bundle, work / "digits.bundle")
     (work / "digits-images").symlink_to(digits_images)
-    sample = Path(__file__).resolve().parents[1] / "samples" / "digits" / "hybrid.py"
+    sample = Path(__file__).resolve().parents[2] / "samples" / "digits" / "hybrid.py"
     proc = subprocess.run([sys.executable, str(sample), "--workdir", str(work), "--json"], capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,7 +21,7 @@ from edgesdk.bundle_schema import check_manifest, load_manifest
 from edgesdk.external_data import external_data_locations
 from edgesdk.errors import BackendUnavailable, BundleError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("fuzz_bundle", REPO / "tests" / "fuzz" / "fuzz_bundle.py")
 fuzz_bundle = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz_bundle)

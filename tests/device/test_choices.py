@@ -19,7 +19,7 @@ from edgesdk.errors import CloudError
 from edgesdk.hybrid import HybridOptions
 from edgesdk.placement import Candidate, Placement, Skip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CARRIERS = {"BackendUnavailable": BackendReason, "BudgetExceeded": BudgetReason, "CloudError": CloudReason,
             "escalation_reason": EscalationReason}

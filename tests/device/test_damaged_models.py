@@ -387,7 +387,7 @@ def crashing_npu():
 def test_fake_crashing_npu_really_kills_a_process_without_isolate(crashing_npu, digits_bundle):
     """What isolate protects against: the same load in a process of its own dies by SIGABRT."""
     code = ("import sys, edgesdk; from edgesdk.engines import register_backend; "
-            f"sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]; "
             "from test_damaged_models import FakeCrashingNPUEngine, FAKE_NPU; "
             "register_backend(FAKE_NPU, FakeCrashingNPUEngine); "
             f"edgesdk.load({str(digits_bundle.bundle)!r}, engine=FAKE_NPU)")

@@ -80,7 +80,7 @@ def test_each_engine_runs_the_bundle_on_cpu_within_tolerance(digits_bundle, aid)
 
 @pytest.fixture
 def int8_faster(monkeypatch, tmp_path):
-    """INT8 goes first unless it is measured slower than FP32 here (tests/test_precision_choice.py): a fake clock in
+    """INT8 goes first unless it is measured slower than FP32 here (tests/device/test_precision_choice.py): a fake clock in
     which it is faster (in the race and in the INT8/FP32 pair check) keeps a test's answer independent of this CPU
     (and of the CPU a fake NPU computes on), and a cache dir of its own keeps decisions that earlier tests measured
     with the real clock out of it."""

@@ -10,7 +10,7 @@
 locations are read. Refusing an input with an :class:`~edgesdk.errors.EdgeSDKError` is the expected outcome; any
 other exception is a crash. Each target starts from seeds made here (a valid bundle and its archive), to which
 libFuzzer's corpus directories may add. The file is not named ``test_*``: pytest does not collect it, and
-``tests/test_bundle_schema.py`` runs each target's one-input function on the seeds.
+``tests/device/test_bundle_schema.py`` runs each target's one-input function on the seeds.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def _child_result(proc) -> dict:
 
 _GAP_CHILD = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = [sys.argv[2], str(__import__("pathlib").Path(sys.argv[2]).parent)]
 from pathlib import Path
 from test_int8_cpu import kernels_vs_reference
 print("RESULT " + json.dumps({"gap": kernels_vs_reference(Path(sys.argv[1]))}))
