@@ -9,7 +9,6 @@ documented in README.md ("Bundle format").
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -31,12 +30,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
-
-
-def file_entry(root: Path, path: Path) -> dict[str, Any]:
-    """The manifest entry of a file already placed inside the bundle ``root``."""
-    rel = path.resolve().relative_to(root.resolve()).as_posix()
-    return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
 def _stat(path: Path) -> tuple[int, ...] | None:
@@ -241,46 +234,3 @@ class Bundle:
                 return {k: data[k] for k in data.files}
         except (OSError, ValueError) as exc:
             raise BundleError(f"golden file {golden['files'][0]['path']!r} is unreadable: {exc}") from exc
-
-
-def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
-    path = root / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    return path
-
-
-def check_replaceable(out: Path, force: bool, marker: str, kind: str, force_hint: str) -> None:
-    """Refuse an output folder that would destroy anything but a previous ``kind`` (one holding ``marker``):
-    a file, or a non-empty folder without ``force``, or a folder that is not a ``kind`` even with it."""
-    from .errors import ConversionError
-
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"output {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ConversionError(f"output {out} exists and is not empty ({force_hint})")
-        if not (out / marker).is_file():
-            raise ConversionError(f"output {out} is not {kind} (no {marker}); refusing to replace it")
-
-
-def publish_dir(work: Path, out: Path) -> None:
-    """Move a finished directory ``work`` (made with mkdtemp beside ``out``) into place as ``out``: an empty ``out``
-    (maybe the current folder) is filled, not replaced; an old ``out`` is removed only once the new one is there.
-    Files get the usual permissions (mkdtemp made the folder 0700; docker COPY keeps modes)."""
-    import os
-    import shutil
-
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in [work, *work.rglob("*")]:
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-    if out.is_dir() and not any(out.iterdir()):
-        for child in work.iterdir():
-            child.rename(out / child.name)
-        work.rmdir()
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    work.rename(out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk import __version__
-from edgesdk.bundle import MANIFEST, Artifact, Bundle, check_replaceable, publish_dir, safe_member
+from edgesdk.atomic_file import check_replaceable, publish_dir
+from edgesdk.bundle import MANIFEST, Artifact, Bundle, safe_member
 from edgesdk.cloud.served_artifact import serving_artifact
 from edgesdk.errors import BundleError, ConversionError
 

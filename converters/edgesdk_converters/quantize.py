@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import edgesdk
-from edgesdk.bundle import (FORMAT_VERSION, MANIFEST, Bundle, check_replaceable, file_entry, publish_dir,
-                            write_manifest)
+from edgesdk.atomic_file import check_replaceable, publish_dir
+from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle
 from edgesdk.cpu import cpu_class
 from edgesdk.engines import ENGINE_NAMES, engine_version
 from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
@@ -25,6 +25,7 @@ from edgesdk.preprocess import Preprocess
 from edgesdk.report import failing_artifacts, validation_table
 
 from . import calibration
+from .bundle_writer import file_entry, write_manifest
 from .sources import open_source
 from .targets import TARGET_ENGINES, Built, builder
 from .targets.tflite import IO_TYPES as TFLITE_IO
