@@ -63,7 +63,7 @@ setup-isa:
 # Two runs: everything in .venv, then the signature tests (marked `trust`) in the device venv.
 test: setup setup-cloud setup-device setup-isa
 	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q -m "not trust"
-	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/device/test_trust.py
+	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/device/trust
 
 bench: setup
 	$(PY) benchmarks/quantize.py
