@@ -242,7 +242,7 @@ def bench(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | No
     """Measure each backend in a child process (``backends`` None: the one ``edgesdk.load`` picks here) and
     return the report."""
     from . import __version__
-    from .model import load
+    from .runtime.loading import load
 
     options = options or BenchOptions()
     say = progress or (lambda text: None)

@@ -7,7 +7,7 @@ Options are checked against these where they are built (:class:`~edgesdk.runtime
 :class:`~edgesdk.hybrid.HybridOptions`), and errors turn a known code into its member
 (:class:`~edgesdk.errors.BackendUnavailable`, :class:`~edgesdk.errors.BudgetExceeded`,
 :class:`~edgesdk.errors.CloudError`). The README's lists (policies, hybrid modes, speed checks and the table of
-reason codes) are checked against this module by ``tests/test_choices.py``.
+reason codes) are checked against this module by ``tests/device/test_choices.py``.
 
 This module imports nothing from edgesdk, so every other module may import it.
 """

@@ -38,6 +38,17 @@ def _read(path: str) -> str:
         return ""
 
 
+def cpuinfo_lines(wanted: tuple[str, ...], path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The raw ``key : value`` lines of ``/proc/cpuinfo`` for the ``wanted`` keys, as written (the last core's where
+    cores differ), {} where the file is absent. Compile-cache keys are built from these exact lines."""
+    lines: dict[str, str] = {}
+    for line in _read(path).splitlines():
+        key = line.split(":", 1)[0].strip()
+        if key in wanted:
+            lines[key] = line
+    return lines
+
+
 def cpuinfo_fields(path: str = "/proc/cpuinfo") -> dict[str, str]:
     """The first value of each ``key : value`` line of ``/proc/cpuinfo`` (the first core's), {} where it is absent."""
     fields: dict[str, str] = {}

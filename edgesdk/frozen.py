@@ -5,7 +5,8 @@ A :class:`~edgesdk.Result` carries its model's placement and budget entry withou
 once, when they change (load, a thermal switch, the precision choice): :func:`freeze` turns dicts into
 :class:`FrozenDict` and lists into :class:`FrozenList`, all the way down. They are still a ``dict`` and a ``list``
 for every reader (``==`` with a plain one, ``json.dumps``, ``isinstance``), so code that reads a placement or a
-budget reads it as before; they refuse every change with a ``TypeError``. :func:`thaw` gives plain, mutable data.
+budget reads it as before; they refuse every change with a ``TypeError``. :func:`thaw` (or ``placement.to_dict()``)
+gives plain, mutable data; ``copy.deepcopy`` and ``dataclasses.asdict`` keep the read-only types.
 (Not ``MappingProxyType`` and tuples: ``json.dumps`` refuses the one, and a tuple compares unequal to the list a
 reader may compare it with, silently.)
 """

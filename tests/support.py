@@ -213,3 +213,20 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.t += seconds
+
+
+def file_entry(root: Path, path: Path) -> dict:
+    """A manifest file entry, written here and not taken from the workstation's bundle writer: the device tests run
+    where the converters are not installed (.venv-device)."""
+    from edgesdk.bundle import sha256_file
+
+    return {"path": path.resolve().relative_to(root.resolve()).as_posix(), "sha256": sha256_file(path),
+            "bytes": path.stat().st_size}
+
+
+def write_manifest(root: Path, manifest: dict) -> Path:
+    import json
+
+    path = root / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return path

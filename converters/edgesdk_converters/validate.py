@@ -23,7 +23,7 @@ GOLDEN_COUNT = 8
 # An INT8 artifact may be off the golden float outputs by at most this share of their range (max - min over the
 # validation set). Sound INT8 stays well below it (the digits CNN: 0.5 %; a random CNN ending in a softmax over near-equal
 # classes, the noisiest seen: 5.2 %); kernels that saturate do not (ONNX Runtime's U8S8 with 8-bit weights on an AVX2
-# CPU without VNNI: 12.5 % on the digits CNN, 32 % on tests/test_int8_cpu.py's saturating model). It bounds both the
+# CPU without VNNI: 12.5 % on the digits CNN, 32 % on tests/workstation/test_int8_cpu.py's saturating model). It bounds both the
 # quantize gate and the device's golden tolerance, so an artifact that exceeds it fails at quantize time, and one
 # validated on a saturating CPU cannot carry a tolerance that lets the same saturation through elsewhere.
 INT8_ERROR_CAP = 0.10

@@ -54,7 +54,3 @@ def main() -> None:
     except EdgeSDKError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(2)
-
-
-if __name__ == "__main__":
-    main()

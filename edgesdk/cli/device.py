@@ -90,7 +90,7 @@ def devices(
     """List installed engines, the devices each reports (NPU/GPU/CPU) and why an expected one is missing,
     the platform profile, the thermal level and the memory headroom now."""
     from ..engines import backend_names, discover
-    from ..model import detect_platform
+    from ..runtime.candidates import detect_platform
 
     found = [discover(name) for name in backend_names()]
     profile, why = detect_platform({f.engine: f for f in found})
@@ -261,7 +261,7 @@ def run(
     import numpy as np
 
     from ..errors import InputError
-    from ..model import load
+    from ..runtime.loading import load
 
     arrays = {}
     for p in inputs:  # read every input before the (slow) load: a typo fails fast

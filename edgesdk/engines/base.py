@@ -36,14 +36,14 @@ def cache_key(*parts: object) -> str:
 
 
 def host_cpu() -> str:
-    """This CPU's model and feature flags: optimized graphs and compiled blobs may use its instructions."""
-    from ..cpu import cpuinfo_fields
+    """This CPU's model and feature flags: optimized graphs and compiled blobs may use its instructions. (The exact
+    text of the raw lines is part of the compile-cache keys: change it and every cached blob misses once.)"""
+    from ..cpu import cpuinfo_lines
 
-    fields = cpuinfo_fields()
-    if not fields:
+    lines = cpuinfo_lines(("model name", "flags", "Features", "CPU implementer", "CPU part"))
+    if not lines:
         return f"{platform.system()} {platform.machine()}"
-    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    return platform.machine() + " " + " ".join(sorted(f"{k}\t: {fields[k]}" for k in wanted if k in fields))
+    return platform.machine() + " " + " ".join(sorted(lines.values()))
 
 
 @dataclass(frozen=True)

@@ -422,7 +422,7 @@ def _add_model_onnx(weights_location: str):
 
 
 def _openvino_bundle(root, files: list[str]):
-    from edgesdk_converters.bundle_writer import file_entry, write_manifest
+    from support import file_entry, write_manifest
 
     write_manifest(root, {
         "format_version": 1, "name": "ov", "version": "1", "created_with": "tests",

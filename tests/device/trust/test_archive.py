@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgesdk.bundle import Bundle, sha256_file
-from edgesdk_converters.bundle_writer import file_entry, write_manifest  # light: no converter toolchain
+from support import file_entry, write_manifest
 from edgesdk.errors import BundleError
 from edgesdk.trust import (SIGNATURE, ArchiveLimits, open_archive, pack_bundle, verify_bundle)
 from edgesdk.trust import archive as archive_module

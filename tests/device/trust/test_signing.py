@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from edgesdk_converters.bundle_writer import file_entry, write_manifest  # light: no converter toolchain
+from support import file_entry, write_manifest
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.trust import (SIGNATURE, Trust, generate_keypair, pack_bundle, sign_bundle, verify_bundle)
 from trust_support import MODEL_SIGNING_CLI, flip_byte, make_bundle

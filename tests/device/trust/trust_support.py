@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk_converters.bundle_writer import file_entry, write_manifest  # light: no converter toolchain
+from support import file_entry, write_manifest
 
 pytestmark = pytest.mark.trust  # model-signing: run in .venv-device (see the Makefile)
 MODEL_SIGNING_CLI = Path(sys.executable).parent / "model_signing"
