@@ -39,6 +39,7 @@ def test_predict_batch_returns_what_predict_returns_in_order(digits_bundle, inpu
 def test_throughput_asks_openvino_for_parallel_streams(digits_bundle):
     with edgesdk.load(digits_bundle.bundle, engine="openvino", policy="cpu-only", performance="throughput") as fast, \
             edgesdk.load(digits_bundle.bundle, engine="openvino", policy="cpu-only") as plain:
+        # private: what OpenVINO compiled with is visible only on its compiled model, which no public API exposes
         assert str(fast._engine._compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
         assert str(plain._engine._compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
         assert plain.parallel_requests == 1
@@ -78,6 +79,7 @@ def test_load_uses_the_compile_cache(digits_bundle, inputs, tmp_path, engine, ki
     states = []
     for _ in range(2):
         with edgesdk.load(digits_bundle.bundle, engine=engine, policy="cpu-only", cache_dir=tmp_path) as model:
+            # private: the engine's compile-cache state is not part of the public Model API
             assert model._engine.cache == kind
             states.append(model._engine.cache_state)
             for x, want in zip(inputs[:5], expected):
@@ -113,7 +115,7 @@ from edgesdk.engines import TensorSpec
 x = Bundle.open({str(digits_bundle.bundle)!r}).golden()["input_0"][:1]
 m = edgesdk.load({str(digits_bundle.bundle)!r}, engine="openvino", policy="cpu-only", performance="throughput")
 assert m.parallel_requests > 1, m.parallel_requests
-engine = m._engine
+engine = m._engine  # private: the child times the bare engine against predict
 engine.outputs.append(TensorSpec("missing", (1,), "float32"))
 try:
     m.predict_batch([x] * 8)

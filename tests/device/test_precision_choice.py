@@ -89,6 +89,7 @@ def test_int8_measured_slower_serves_fp32_and_next_load_starts_there(digits_bund
     with edgesdk.load(digits_bundle.bundle, speed_check="precision") as model:
         pl = model.placement
         assert (pl.artifact, pl.precision) == (FP32, "fp32")
+        # private: proves the FP32 file itself is what runs, not only what the placement says
         assert model._engine.model_path == Bundle.open(digits_bundle.bundle).artifact(FP32).model_path
         result = model.predict(Bundle.open(digits_bundle.bundle).golden()["input_0"][:1])
         assert result.placement.precision_choice == pl.precision_choice
@@ -202,6 +203,7 @@ def test_thermal_budget_may_still_move_an_fp32_choice_to_int8(digits_bundle, mon
     monkeypatch.setattr(precision_choice, "time_run", FakeRunClock(digits_bundle.bundle, {INT8: 0.004, FP32: 0.002}))
     with edgesdk.load(digits_bundle.bundle, thermal=governor, speed_check="precision") as model:
         assert model.placement.artifact == FP32
+        # private: where a hot device would move is not exposed until it moves
         assert model._thermal.lower_power.artifact == INT8
 
 

@@ -54,6 +54,7 @@ def test_hot_device_switches_a_float_model_to_int8_with_fewer_threads_and_back(d
         assert back.budget["action"] in (None, "paced")
         assert not {"artifact_switched", "threads_reduced"} & set(back.budget["thermal"]["actions"])
         assert back.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
+        # private: proves the file that runs, beside what the placement says
         assert model._engine.model_path.name == "model_fp32.onnx"
 
 
