@@ -15,7 +15,6 @@ from onnx_graphs import (Const, SideBySide, assert_close, chain_model, make_mode
 
 from test_onnx_import import CONV, DENSE, ELEMENTWISE, POOLS, REDUCE, RESIZE, SHAPES, W33, X4, X4B  # the op cases
 
-INT_MAX = np.iinfo(np.int64).max
 
 
 # ---- shape folding and input shapes
