@@ -12,9 +12,7 @@ from edgesdk.errors import ConversionError
 from edgesdk_converters.onnx_import import import_onnx, unsupported_ops
 from onnx_graphs import (Const, SideBySide, assert_close, chain_model, make_model, node_model, rand, run_litert,
                          run_module, run_ort)
-
 from test_onnx_import import CONV, DENSE, ELEMENTWISE, POOLS, REDUCE, RESIZE, SHAPES, W33, X4, X4B  # the op cases
-
 
 
 # ---- shape folding and input shapes
