@@ -53,8 +53,11 @@ def time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
     return time.perf_counter() - t0
 
 
-def applies(policy: str, artifact: str | None) -> bool:
-    return policy in POLICIES and artifact is None
+def applies(speed_check: str, policy: str, artifact: str | None, performance: str, bundle: Bundle) -> bool:
+    """Whether the INT8/FP32 pair may be timed (``speed_check`` not off, a speed policy, no artifact named, one
+    inference at a time, golden inputs to time on); :func:`race_applies` is the race's own test."""
+    return (speed_check != SpeedCheck.OFF and policy in POLICIES and artifact is None
+            and performance == Performance.LATENCY and bool(bundle.manifest.get("golden")))
 
 
 def _label(where: Candidate | Placement) -> str:
@@ -228,10 +231,14 @@ def put_first(eligible: list[Candidate], decision: dict[str, Any]) -> list[Candi
     return order
 
 
-def time_alone(bundle: Bundle, engine: Engine) -> float:
-    """Median seconds of one inference of ``engine`` on golden input 0, after a warm-up (bounded: at most
+def race_feeds(bundle: Bundle) -> list[np.ndarray]:
+    """Golden input 0, what the race times every candidate on (read once per race)."""
+    return numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
+
+
+def time_alone(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
+    """Median seconds of one inference of ``engine`` on ``feeds``, after a warm-up (bounded: at most
     ``RACE_WARMUP + RACE_MAX_RUNS`` runs, ``RACE_MIN_RUNS`` once ``RACE_TIME_CAP_S`` is spent)."""
-    feeds = numerics.golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
     for _ in range(RACE_WARMUP):
         engine.run(feeds)
     times: list[float] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import autotune, memory, precision_choice
-from ..choices import BackendReason, Performance, SpeedCheck
+from ..choices import BackendReason
 from ..engines import Engine
 from ..errors import BackendUnavailable
 from ..placement import Candidate, Skip
@@ -47,6 +47,7 @@ def _run_race(found: Shortlist, entrants: list[Candidate], opts: RuntimeOptions,
     isolated probe already passed), timed, closed; then the leader and the incumbent once more. A candidate that
     does not open is skipped, as in the load walk. None when fewer than two were timed."""
     bundle, threads = found.bundle, found.threads
+    feeds = precision_choice.race_feeds(bundle)
 
     def timed(cand: Candidate, first: bool) -> float | None:
         try:
@@ -61,7 +62,7 @@ def _run_race(found: Shortlist, entrants: list[Candidate], opts: RuntimeOptions,
             probed.add(cand)
         fitting.WARM_ENGINES.add(cand.engine)
         try:
-            return precision_choice.time_alone(bundle, engine)
+            return precision_choice.time_alone(engine, feeds)
         except Exception as exc:  # it would fail when served too: the race goes on without it
             found.skipped.append(Skip(cand, BackendReason.RUN_FAILED, f"{cand.label()} failed while timed: {exc}"))
             return None
@@ -90,9 +91,8 @@ def pair_applies(found: Shortlist, opts: RuntimeOptions, engine_choice: dict | N
     engine? A cached decision orders ``found.eligible`` now; an INT8 candidate without one is timed against its FP32
     rival once both are loaded (:func:`timed_pair`). Returns whether the walk looks for rivals, and the cached
     decisions by candidate label."""
-    applies = engine_choice is None and opts.speed_check != SpeedCheck.OFF \
-        and opts.performance == Performance.LATENCY \
-        and precision_choice.applies(opts.policy, opts.artifact) and bool(found.bundle.manifest.get("golden"))
+    applies = engine_choice is None and precision_choice.applies(opts.speed_check, opts.policy, opts.artifact,
+                                                                 opts.performance, found.bundle)
     known: dict[str, dict] = {}
     if applies:
         found.eligible, known = precision_choice.arrange(found.bundle, found.eligible, found.threads,
