@@ -8,7 +8,7 @@
 2. ``edgesdk bench BUNDLE --all --json --scenario single-stream --no-cold-start``: every backend's p50, each in a
    fresh process (``--rounds N`` runs it N times and takes each backend's median p50).
 3. ``edgesdk.load(BUNDLE)`` (policy auto) with an empty cache dir, so the INT8-against-FP32 check of
-   ``edgesdk.precision_choice`` times its pair, then again to show the cached decision.
+   ``edgesdk.runtime.precision_choice`` times its pair, then again to show the cached decision.
 4. Prints auto's backend, its p50 from the bench listing, the fastest p50, their ratio (target <= 1.10), the
    precision check's numbers beside the bench's int8/fp32 p50 ratio for the same engine, the CPU class
    (vendor, model name, integer-kernel flags) and how busy the other processes kept the machine.

@@ -105,7 +105,7 @@ def make_proxy(server, args, **kw):
 
 
 def make_client(url: str, model: str, args):
-    from edgesdk.cloud.client import CircuitBreaker, CloudClient, RetryBudget
+    from edgesdk.hybrid.client import CircuitBreaker, CloudClient, RetryBudget
 
     return CloudClient(url, model, timeout_s=args.timeout_s, deadline_s=args.deadline_s, max_attempts=3,
                        backoff_base_s=0.02, backoff_cap_s=0.1, retry_budget=RetryBudget(**BUDGET),

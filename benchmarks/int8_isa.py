@@ -130,7 +130,7 @@ def interleaved_p50(calls: dict, iters: int, warmup: int = 10) -> dict[str, floa
 
 def digits_data(work: Path):
     """Build the digits bundle (all three targets); return (bundle dir, calibration samples, val x, val y)."""
-    from edgesdk.preprocess import Preprocess
+    from edgesdk.bundle.preprocess import Preprocess
     from edgesdk_converters import calibration
     from edgesdk_converters.quantize import quantize
 

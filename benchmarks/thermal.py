@@ -4,7 +4,7 @@
 
 A sustained loop of real inferences (``model.predict`` on the digits bundle, ``policy="cpu-only"``, one
 preprocessed input, one CPU thread: see below) drives the simulated device
-(:class:`edgesdk.simulated_device.SimulatedThermalDevice` with its default parameters: a passively cooled board,
+(:class:`edgesdk.budgets.thermal.simulated_device.SimulatedThermalDevice` with its default parameters: a passively cooled board,
 25 C room, 10 C/W, tau 8 s, 0.5 W idle + 8 W busy). The work of each loop iteration is all the process CPU time it
 took (``time.process_time``: the loop's own pacing code, the governor, ``predict``'s checks and the inference), less
 the CPU the simulator itself spends spinning at the end of its sleeps; the device writes its temperature to a
@@ -74,8 +74,8 @@ def run(bundle, x, placement: dict, profile, minutes: float, time_scale: float, 
     inference), less what the simulator spends spinning in its own ``sleep``."""
     import edgesdk
     from edgesdk.errors import BudgetExceeded
-    from edgesdk.simulated_device import SimulatedThermalDevice
-    from edgesdk.thermal import LinuxThermalZones, ThermalActions, ThermalGovernor
+    from edgesdk.budgets.thermal.simulated_device import SimulatedThermalDevice
+    from edgesdk.budgets.thermal import LinuxThermalZones, ThermalActions, ThermalGovernor
 
     with tempfile.TemporaryDirectory(prefix="edgesdk-thermal-") as tmp, \
             SimulatedThermalDevice(tmp, time_scale=time_scale) as device:
@@ -142,7 +142,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import edgesdk
-    from edgesdk.profiles import load_profile
+    from edgesdk.runtime.profiles import load_profile
 
     bundle = digits_bundle(args.bundle)
     profile = load_profile(args.profile)

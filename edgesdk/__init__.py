@@ -4,21 +4,21 @@ This package is the device side: it imports numpy, Pillow and whichever engine i
 installed, never torch, nncf, litert-torch or the workstation converters.
 """
 
-from .bundle import Artifact, Bundle
+from .bundle.reader import Artifact, Bundle
 from .choices import (BackendReason, BudgetReason, CloudReason, EscalationReason, HybridMode, Performance, Policy,
                       SpeedCheck)
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
                      CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, FailedArtifactWarning, InputError,
                      ValidationFailed)
-from .hybrid import EscalationPolicy, HybridModel, HybridOptions
-from .bundle_io import Top
+from .hybrid.model import EscalationPolicy, HybridModel, HybridOptions
+from .bundle.tensors import Top
 from .runtime.loading import load
 from .runtime.model import Model
 from .runtime.options import Budgets, RuntimeOptions
 from .runtime.result import Result
-from .placement import Placement
-from .pool import ModelPool
-from .preprocess import Preprocess
+from .runtime.placement import Placement
+from .budgets.pool import ModelPool
+from .bundle.preprocess import Preprocess
 from .trust import Trust
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """Running edgesdk code in a fresh Python process: the one harness behind ``load(isolate=True)``'s probes
-(:mod:`edgesdk.isolate`) and the benchmarks' fresh processes (:mod:`edgesdk.bench`, :mod:`edgesdk.bench_cold`).
+(:mod:`edgesdk.runtime.isolate`) and the benchmarks' fresh processes (:mod:`edgesdk.bench.warm`, :mod:`edgesdk.bench.cold`).
 
 Every child gets the same hygiene:
 

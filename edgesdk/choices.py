@@ -4,7 +4,7 @@ Each is a ``str``-valued enum: a member compares equal to its plain string (``Po
 it, prints, formats and serializes to JSON as it (``f"{reason}"``, ``json.dumps``), so code and tools that read the
 plain strings keep working; a misspelt member is an ``AttributeError`` at import time, not a branch never taken.
 Options are checked against these where they are built (:class:`~edgesdk.runtime.options.RuntimeOptions`,
-:class:`~edgesdk.hybrid.HybridOptions`), and errors turn a known code into its member
+:class:`~edgesdk.hybrid.model.HybridOptions`), and errors turn a known code into its member
 (:class:`~edgesdk.errors.BackendUnavailable`, :class:`~edgesdk.errors.BudgetExceeded`,
 :class:`~edgesdk.errors.CloudError`). The README's lists (policies, hybrid modes, speed checks and the table of
 reason codes) are checked against this module by ``tests/device/test_choices.py``.
@@ -62,7 +62,7 @@ class Choice(str, enum.Enum):
 # -- options --------------------------------------------------------------------------------------------------------
 
 class Policy(Choice):
-    """``RuntimeOptions.policy``: how candidates are ordered (:mod:`edgesdk.selection`)."""
+    """``RuntimeOptions.policy``: how candidates are ordered (:mod:`edgesdk.runtime.selection`)."""
 
     AUTO = "auto"
     PREFER_NPU = "prefer-npu"
@@ -80,7 +80,7 @@ class Performance(Choice):
 
 
 class SpeedCheck(Choice):
-    """``RuntimeOptions.speed_check`` (:mod:`edgesdk.precision_choice`)."""
+    """``RuntimeOptions.speed_check`` (:mod:`edgesdk.runtime.precision_choice`)."""
 
     FULL = "full"
     PRECISION = "precision"
@@ -88,7 +88,7 @@ class SpeedCheck(Choice):
 
 
 class HybridMode(Choice):
-    """``HybridOptions.mode`` and ``HybridModel.predict(mode=)`` (:mod:`edgesdk.hybrid`)."""
+    """``HybridOptions.mode`` and ``HybridModel.predict(mode=)`` (:mod:`edgesdk.hybrid.model`)."""
 
     DEVICE_ONLY = "device-only"
     CLOUD_ONLY = "cloud-only"
@@ -97,7 +97,7 @@ class HybridMode(Choice):
 
 
 class CriticalMode(Choice):
-    """``ThermalActions.critical["mode"]``: what a critical thermal level does (:mod:`edgesdk.thermal.governor`)."""
+    """``ThermalActions.critical["mode"]``: what a critical thermal level does (:mod:`edgesdk.budgets.thermal.governor`)."""
 
     REFUSE = "refuse"
     DEFER = "defer"
@@ -139,7 +139,7 @@ class BudgetReason(Choice):
 
 
 class CloudReason(Choice):
-    """``CloudError.reason`` (:mod:`edgesdk.cloud.client`)."""
+    """``CloudError.reason`` (:mod:`edgesdk.hybrid.client`)."""
 
     TIMEOUT = "timeout"
     UNREACHABLE = "unreachable"

@@ -28,8 +28,8 @@ from typing import Any
 
 from edgesdk import __version__
 from edgesdk.atomic_file import check_replaceable, publish_dir
-from edgesdk.bundle import MANIFEST, Artifact, Bundle, safe_member
-from edgesdk.cloud.served_artifact import serving_artifact
+from edgesdk.bundle.reader import MANIFEST, Artifact, Bundle, safe_member
+from edgesdk.hybrid.served_artifact import serving_artifact
 from edgesdk.errors import BundleError, ConversionError
 
 from .server import BundleSignature

@@ -28,9 +28,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from edgesdk.bundle import Artifact, Bundle
-from edgesdk.cloud.client import DATATYPES
-from edgesdk.cloud.served_artifact import serving_artifact
+from edgesdk.bundle.reader import Artifact, Bundle
+from edgesdk.hybrid.client import DATATYPES
+from edgesdk.hybrid.served_artifact import serving_artifact
 from edgesdk.errors import BackendUnavailable, BundleError, InputError
 
 # numpy dtype name -> V2 datatype, from the client's table (one table for both sides of the wire)
@@ -127,7 +127,7 @@ def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127
           allow_failed: bool = False) -> None:
     """Serve the bundle's model at ``http://host:port/v2/models/<name>`` until SIGINT or SIGTERM (blocks).
 
-    ``artifact`` is an artifact id (default: :func:`~edgesdk.cloud.served_artifact.serving_artifact`). Raises
+    ``artifact`` is an artifact id (default: :func:`~edgesdk.hybrid.served_artifact.serving_artifact`). Raises
     :class:`BundleError` for a bad bundle or an unknown artifact id, :class:`BackendUnavailable` when kserve or the
     artifact's engine is missing, and :class:`InputError` for a port outside 1-65535. REST only (no gRPC), one
     worker process. An ``artifact`` that failed its validation gate at quantize time is refused

@@ -1,5 +1,5 @@
 """Writing a bundle: the manifest entry of each file (path, sha256, size) and the manifest itself. The workstation
-owns every bundle writer; the device only reads (:mod:`edgesdk.bundle`)."""
+owns every bundle writer; the device only reads (:mod:`edgesdk.bundle.reader`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgesdk.bundle import MANIFEST, sha256_file
+from edgesdk.bundle.reader import MANIFEST, sha256_file
 
 
 def file_entry(root: Path, path: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
 
 - an image folder, flat or with one sub-folder per class (folder names are the labels);
-  images go through the bundle's :class:`~edgesdk.preprocess.Preprocess`;
+  images go through the bundle's :class:`~edgesdk.bundle.preprocess.Preprocess`;
 - a ``.npy`` array of preprocessed inputs, shape ``(N, *input_shape[1:])``;
 - a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels);
 - any iterable of arrays (one input each) or of ``{input_name: array}`` dicts.
@@ -24,7 +24,7 @@ import numpy as np
 
 from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
-from edgesdk.preprocess import IMAGE_SUFFIXES, Preprocess
+from edgesdk.bundle.preprocess import IMAGE_SUFFIXES, Preprocess
 
 
 @dataclass

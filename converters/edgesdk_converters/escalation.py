@@ -2,7 +2,7 @@
 
 For every validation sample the device model (as ``edgesdk.load`` places it here) and the cloud (a V2 server, or a
 bundle run locally in its place) each give a top-1 class; the device's output also gives the hardness signals of
-:mod:`edgesdk.hybrid`. Sweeping the threshold of one signal traces the curve *escalation rate -> hybrid accuracy*
+:mod:`edgesdk.hybrid.model`. Sweeping the threshold of one signal traces the curve *escalation rate -> hybrid accuracy*
 (the device's answer where it does not escalate, the cloud's where it does; the policy's clipped-share rule applies
 throughout). The chosen threshold is the one that
 
@@ -29,7 +29,7 @@ from edgesdk import Bundle, EscalationPolicy
 from edgesdk.atomic_file import write_json_atomic
 from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
-from edgesdk.hybrid import SIGNALS, signals
+from edgesdk.hybrid.model import SIGNALS, signals
 
 from . import calibration
 
@@ -80,7 +80,7 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
     import edgesdk
 
     if cloud is not None:
-        from edgesdk.cloud.client import CloudClient
+        from edgesdk.hybrid.client import CloudClient
 
         client = CloudClient(cloud, b.name, token_env=token_env, deadline_s=10.0, timeout_s=5.0)
         closing.append(client)
@@ -88,7 +88,7 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         remote = lambda feeds: client.infer(feeds, names)  # noqa: E731
         cloud_name = cloud
     else:
-        from edgesdk.cloud.served_artifact import serving_artifact
+        from edgesdk.hybrid.served_artifact import serving_artifact
 
         # What `edgesdk serve` serves by default (an explicit artifact goes first).
         served = serving_artifact(Bundle.open(cloud_bundle)).id

@@ -17,12 +17,12 @@ import numpy as np
 
 import edgesdk
 from edgesdk.atomic_file import check_replaceable, publish_dir
-from edgesdk.bundle import FORMAT_VERSION, MANIFEST, Bundle
+from edgesdk.bundle.reader import FORMAT_VERSION, MANIFEST, Bundle
 from edgesdk.cpu import cpu_class
 from edgesdk.engines import ENGINE_NAMES, engine_version
 from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
-from edgesdk.preprocess import Preprocess
-from edgesdk.report import failing_artifacts, validation_table
+from edgesdk.bundle.preprocess import Preprocess
+from edgesdk.bundle.report import failing_artifacts, validation_table
 
 from . import calibration
 from .bundle_writer import file_entry, write_manifest

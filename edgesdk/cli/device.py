@@ -20,8 +20,8 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Print the whole manifest as JSON."),
 ) -> None:
     """Verify a bundle's checksums and show its manifest summary and validation table."""
-    from ..bundle import Bundle
-    from ..report import summary, validation_table
+    from ..bundle.reader import Bundle
+    from ..bundle.report import summary, validation_table
     from ..trust import bundle_dir
 
     b = Bundle.open(bundle_dir(bundle))
@@ -64,7 +64,7 @@ def verify(
     pub: Path = typer.Option(..., "--pub", help="The trusted public key, PEM."),
 ) -> None:
     """Check a bundle's signature and every file's checksum; exits 2 saying what does not match."""
-    from ..bundle import Bundle
+    from ..bundle.reader import Bundle
     from ..trust import Trust, bundle_dir
 
     Bundle.open(bundle_dir(bundle, Trust(public_key=pub)))
@@ -138,8 +138,8 @@ def bench(
 ) -> None:
     """Measure a bundle on this device, MLPerf-style: single-stream latency p50/p90/p99, offline throughput, cold
     start with and without the compile cache, peak memory; each backend in a fresh process."""
-    from ..bench import BenchOptions, parse_backend, plot, table, viable_backends
-    from ..bench import bench as run_bench
+    from ..bench.warm import BenchOptions, parse_backend, plot, table, viable_backends
+    from ..bench.warm import bench as run_bench
 
     if backend and all_backends:
         raise InputError("give --backend or --all, not both")
@@ -192,7 +192,7 @@ def bench(
 
 def _thermal_now(root: Path, profile) -> dict:
     from ..errors import InputError
-    from ..thermal import LinuxThermalZones, ThermalGovernor
+    from ..budgets.thermal import LinuxThermalZones, ThermalGovernor
 
     try:
         governor = ThermalGovernor.from_profile(LinuxThermalZones(root), profile)
@@ -203,7 +203,7 @@ def _thermal_now(root: Path, profile) -> dict:
 
 
 def _memory_now() -> dict:
-    from ..memory import process_limit, rss_mb
+    from ..budgets.memory import process_limit, rss_mb
 
     limit, used = process_limit(), rss_mb()
     return {"limit_mb": round(limit.limit_mb), "source": limit.source, "rss_mb": round(used),
@@ -216,8 +216,8 @@ def _backend(placement) -> str:
 
 def _governor(root: Path, profile: Optional[str]):
     """A thermal governor over the zones under ``root``, with the platform profile's limits."""
-    from ..profiles import detect_profile, load_profile
-    from ..thermal import LinuxThermalZones, ThermalGovernor
+    from ..runtime.profiles import detect_profile, load_profile
+    from ..budgets.thermal import LinuxThermalZones, ThermalGovernor
 
     chosen = load_profile(profile) if profile else detect_profile()[0]
     return ThermalGovernor.from_profile(LinuxThermalZones(root), chosen)
@@ -322,12 +322,12 @@ def run(
         print(f"placement: {pl}")
         print(f"  numerics: {pl.numerics}")
         race = pl.engine_choice
-        if race:  # edgesdk.precision_choice race: which engine and precision are fastest here?
+        if race:  # edgesdk.runtime.precision_choice race: which engine and precision are fastest here?
             times = ", ".join(f"{label.split(':')[-1]} {ms} ms" for label, ms in race["timings_ms"].items())
             print(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
                   f"first: {race['incumbent']})")
         choice = pl.precision_choice
-        if choice:  # edgesdk.precision_choice: was INT8 faster than FP32 here?
+        if choice:  # edgesdk.runtime.precision_choice: was INT8 faster than FP32 here?
             seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"
             print(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; {choice['method']})")
         mem = device_model.budget.get("memory", {})

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..bundle import sha256_file
+from ..bundle.reader import sha256_file
 from ..choices import BackendReason, CacheState
-from ..external_data import external_data_locations, location_problem
+from ..bundle.external_data import external_data_locations, location_problem
 from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
@@ -68,7 +68,7 @@ def _check_external_data(path: Path) -> list[str] | None:
     """Refuse a model whose external data lies outside its folder, before ONNX Runtime opens anything; return
     the locations it names (None: unreadable or not well-formed protobuf, which ONNX Runtime's own load refuses).
 
-    A bundle also checks that each file is one it lists (:meth:`~edgesdk.bundle.Bundle.verify`); this covers a
+    A bundle also checks that each file is one it lists (:meth:`~edgesdk.bundle.reader.Bundle.verify`); this covers a
     model opened on its own."""
     try:
         locations = external_data_locations(path)  # read as protobuf: a byte search misses over-long encodings

@@ -1,6 +1,6 @@
 """The candidates a load tries, in order: listed from the bundle and what the engines report here (with the
 platform profile and its thread count), devices an earlier probe found missing set aside, ordered per policy
-(:mod:`edgesdk.selection`), ``require`` met, artifacts that failed their validation gate screened, and reordered by
+(:mod:`edgesdk.runtime.selection`), ``require`` met, artifacts that failed their validation gate screened, and reordered by
 autotune's timing under ``policy="autotune"``. The speed checks that reorder them further are
 :mod:`edgesdk.runtime.speed`'s. What was set aside on the way is kept as skips, for the placement and the errors.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import autotune, numerics, selection
-from ..bundle import Bundle
+from . import autotune, numerics, selection
+from ..bundle.reader import Bundle
 from ..choices import BackendReason, Policy
 from ..engines import Discovery, backend_names, discover
 from ..errors import BackendUnavailable
-from ..placement import Candidate, Skip
+from .placement import Candidate, Skip
 from . import failure
 from .opening import open_checked
 from .options import RuntimeOptions
@@ -123,7 +123,7 @@ def _time_each(found: Shortlist, check_numerics: bool, engine_options: dict[str,
 
 
 def _profile(choice, discoveries):
-    from .. import profiles
+    from . import profiles
 
     if choice is not None:
         return profiles.load_profile(choice), [f"chosen: {choice}"]
@@ -132,7 +132,7 @@ def _profile(choice, discoveries):
 
 def detect_platform(discoveries):
     """The platform profile for this machine, given what the engines reported (``{name: Discovery}``)."""
-    from ..profiles import detect_profile
+    from .profiles import detect_profile
 
     ort = {d.name for d in discoveries["onnxruntime"].devices} if "onnxruntime" in discoveries else set()
     ov = {d.kind for d in discoveries["openvino"].devices} if "openvino" in discoveries else set()

@@ -1,5 +1,5 @@
 """Why nothing serves: the one error a load raises when no candidate could serve a bundle, synthesized from what
-stopped each candidate (its :class:`~edgesdk.placement.Skip`): an unmet ``require``, a memory budget no artifact
+stopped each candidate (its :class:`~edgesdk.runtime.placement.Skip`): an unmet ``require``, a memory budget no artifact
 fits, artifacts that all failed their validation gate, a file that crashed its isolated probe, or the first
 engine's own reason. Every error names the bundle and the candidates it tried.
 """
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import selection
-from ..bundle import Bundle
+from . import selection
+from ..bundle.reader import Bundle
 from ..choices import BackendReason, BudgetReason
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError
-from ..placement import Skip
+from .placement import Skip
 
 
 def unmet(require: str, discoveries: dict[str, Any], skipped: list[Skip]) -> BackendUnavailable:

@@ -1,7 +1,7 @@
 """Budget fitting for the load walk: the memory limit a load works under, what a candidate is expected to cost
 (and what it was charged once opened: the cost learned from a cold load), whether the speed race may open its
 entrants, which candidates a loaded model may switch to under a thermal budget, and the budget entry a model starts
-with. The limit and the cost book themselves are :mod:`edgesdk.memory`'s.
+with. The limit and the cost book themselves are :mod:`edgesdk.budgets.memory`'s.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import memory
-from ..bundle import Bundle
+from ..budgets import memory
+from ..bundle.reader import Bundle
 from ..errors import InputError
-from ..placement import Candidate
+from .placement import Candidate
 
 # Engines that served a load in this process (their libraries are warm): only a cold load shows an engine's full cost.
 WARM_ENGINES: set[str] = set()

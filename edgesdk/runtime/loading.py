@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import autotune, memory, precision_choice, selection
-from ..bundle import Bundle
+from ..budgets import memory
+from . import autotune, precision_choice, selection
+from ..bundle.reader import Bundle
 from ..choices import BackendReason, BudgetReason, HybridMode
 from ..engines import Engine, backend_names
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError, InputError
-from ..hybrid import HybridModel
-from ..placement import Candidate, Placement, Skip
+from ..hybrid.model import HybridModel
+from .placement import Candidate, Placement, Skip
 from ..trust import bundle_dir
 from . import candidates, failure, fitting, speed
 from .model import Model
@@ -32,7 +33,7 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 
     Keyword shortcuts override ``options`` fields: ``load(p, policy="cpu-only", require="NPU")``;
     ``memory_mb``/``thermal`` set the budgets, ``mode``/``cloud``/``token_env``/``escalation`` the hybrid
-    options. In a hybrid mode other than ``device-only`` the result is a :class:`~edgesdk.hybrid.HybridModel`
+    options. In a hybrid mode other than ``device-only`` the result is a :class:`~edgesdk.hybrid.model.HybridModel`
     (same ``predict``), which also serves when the device cannot (``prefer-*`` modes).
     """
     opts = merge_options(options, overrides)
@@ -42,7 +43,7 @@ def load(path: str | Path, options: RuntimeOptions | None = None, **overrides: A
 
 
 def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
-    from ..cloud.client import CloudClient, check_url
+    from ..hybrid.client import CloudClient, check_url
 
     hyb = opts.hybrid
     owns = isinstance(hyb.cloud, str)

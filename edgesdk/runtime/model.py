@@ -1,6 +1,6 @@
 """The loaded :class:`Model`: one bundle on one engine, predicting under a lock and the budgets. How it was
 chosen and opened is :mod:`edgesdk.runtime.loading`'s; what a hot device changes while it serves is
-:mod:`edgesdk.thermal.serving`'s. Its placement and budget state are values (:mod:`edgesdk.frozen`), made once when
+:mod:`edgesdk.budgets.thermal.serving`'s. Its placement and budget state are values (:mod:`edgesdk.frozen`), made once when
 they change and shared by its results.
 """
 
@@ -12,15 +12,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..bundle_io import BundleIO
+from ..bundle.reader import Bundle
+from ..bundle.tensors import BundleIO
 from ..choices import BackendReason
 from ..engines import Engine
 from ..errors import BackendUnavailable, InputError
 from ..frozen import freeze
 from ..lifecycle import Closeable
-from ..placement import Candidate, Placement
-from ..thermal.serving import ThermalServing
+from .placement import Candidate, Placement
+from ..budgets.thermal.serving import ThermalServing
 from .result import Result
 
 
@@ -77,7 +77,7 @@ class Model(Closeable):
         of the input's dtype and shape, batch axis included). They are not checked again: an array of another shape
         or dtype fails in the engine, as :class:`BackendUnavailable` ``run_failed``. ``started``: the
         ``time.perf_counter()`` at which preparing them began, so that ``timings_ms["preprocess"]`` covers it
-        (None: 0 ms). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.HybridModel` (prepared
+        (None: 0 ms). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.model.HybridModel` (prepared
         once for the device or the cloud) and calibrate-escalation."""
         t0 = started
         with self._lock:

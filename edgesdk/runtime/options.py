@@ -1,5 +1,5 @@
 """How :func:`edgesdk.load` is asked to pick and run a backend: :class:`RuntimeOptions` with its nested
-:class:`Budgets` (and :class:`~edgesdk.hybrid.HybridOptions`), checked where they are built, and
+:class:`Budgets` (and :class:`~edgesdk.hybrid.model.HybridOptions`), checked where they are built, and
 :func:`merge_options`, which applies ``load``'s keyword shortcuts to them. Nothing here opens a bundle or an engine.
 """
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import selection
+from . import selection
 from ..choices import Performance, Policy, SpeedCheck
 from ..errors import InputError
-from ..hybrid import HybridOptions
+from ..hybrid.model import HybridOptions
 from ..trust import Trust
 
 
@@ -22,7 +22,7 @@ class Budgets:
 
     ``memory_mb`` caps the process memory (None: the platform profile's ``memory.budget_mb`` where it
     has one, else only the cgroup and physical limits apply). ``thermal`` is a
-    :class:`~edgesdk.thermal.ThermalGovernor` consulted before every inference (None: no thermal budget).
+    :class:`~edgesdk.budgets.thermal.ThermalGovernor` consulted before every inference (None: no thermal budget).
     """
 
     memory_mb: float | None = None
@@ -31,7 +31,7 @@ class Budgets:
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How :func:`load` picks and runs a backend (see :mod:`edgesdk.selection` for the policies).
+    """How :func:`load` picks and runs a backend (see :mod:`edgesdk.runtime.selection` for the policies).
 
     ``require`` (a device kind or an engine) is strict: when it cannot be met, load raises
     :class:`BackendUnavailable` with the reason. ``profile`` names a platform profile (or a path
@@ -53,7 +53,7 @@ class RuntimeOptions:
     A path to an ``.edgebundle`` file is extracted safely into the cache first.
 
     ``isolate=True`` opens each artifact first in a child process and runs it on every golden input the
-    numerics check runs (see :mod:`edgesdk.isolate`), so a model file that crashes its engine's native code (a segfault,
+    numerics check runs (see :mod:`edgesdk.runtime.isolate`), so a model file that crashes its engine's native code (a segfault,
     an abort) kills the child, not the application. A candidate whose child dies, exits abnormally or times
     out is skipped with reason ``isolated_probe_failed`` and is never opened in this process; when no other
     candidate serves, load raises :class:`BundleError` naming the artifact, the signal and the child's last
@@ -68,7 +68,7 @@ class RuntimeOptions:
     :class:`~edgesdk.errors.FailedArtifactWarning` when one is loaded. A thermal budget never switches to one.
 
     ``speed_check`` (policies ``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``; see
-    :mod:`edgesdk.precision_choice`): ``"full"`` (default) times, at the first load on a machine, every candidate of
+    :mod:`edgesdk.runtime.precision_choice`): ``"full"`` (default) times, at the first load on a machine, every candidate of
     the first device kind alone (each engine's INT8 and FP32) and serves the fastest, the profile's first unless
     another is clearly faster; ``"precision"`` keeps the profile's engine order and only times INT8 against the
     FP32 artifact of the same engine and device; ``"off"`` times nothing (the profile's order, INT8 first). The

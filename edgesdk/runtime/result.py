@@ -1,6 +1,6 @@
 """One prediction as the caller gets it: :class:`Result` (raw outputs, top-k read on demand, where it ran, how
 long each stage took, the budget state and, in hybrid mode, which side answered and why). Below both the device
-model and :mod:`edgesdk.hybrid`, which make results and import nothing else from each other for it.
+model and :mod:`edgesdk.hybrid.model`, which make results and import nothing else from each other for it.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..bundle_io import Top
+from ..bundle.tensors import Top
 from ..choices import EscalationReason
 from ..frozen import FrozenDict, thaw
-from ..placement import Placement
+from .placement import Placement
 
 
 @dataclass
 class Result:
     """One prediction: raw outputs, top-k (classification), where it ran and how long each stage took.
 
-    In hybrid mode (:mod:`edgesdk.hybrid`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
+    In hybrid mode (:mod:`edgesdk.hybrid.model`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
     (why the cloud was asked), ``degraded`` (the cloud failed and the device answered), ``cloud_error`` (the
     cloud failure's reason) and ``signals`` (the device output's hardness signals). ``placement`` is the
     device's, None when the cloud answered a model that has no device backend.
@@ -30,7 +30,7 @@ class Result:
     does not pay for it); ``timings_ms["postprocess"]`` is recorded then.
 
     ``placement`` and ``budget`` are values, never the model's state: a frozen
-    :class:`~edgesdk.placement.Placement` and a read-only dict (:class:`~edgesdk.frozen.FrozenDict`, nested ones
+    :class:`~edgesdk.runtime.placement.Placement` and a read-only dict (:class:`~edgesdk.frozen.FrozenDict`, nested ones
     too), made once when the model's placement or budget state changes and shared by the results made under it
     (so reading them costs a prediction nothing). Changing one raises ``TypeError``; :meth:`to_dict` and
     ``placement.to_dict()`` give plain, mutable data.

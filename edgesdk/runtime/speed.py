@@ -1,4 +1,4 @@
-"""The speed decisions of a load, measured and cached by :mod:`edgesdk.precision_choice`: the engine race before
+"""The speed decisions of a load, measured and cached by :mod:`edgesdk.runtime.precision_choice`: the engine race before
 the walk (each candidate of the first device kind opened alone and timed; the clear winner goes first) and the
 INT8-against-FP32 pair during it (a loaded INT8 model timed against its loaded FP32 rival; the walk keeps one).
 Here is when each runs and how it reorders the :class:`~edgesdk.runtime.candidates.Shortlist`.
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import autotune, memory, precision_choice
+from ..budgets import memory
+from . import autotune, precision_choice
 from ..choices import BackendReason
 from ..engines import Engine
 from ..errors import BackendUnavailable
-from ..placement import Candidate, Skip
+from .placement import Candidate, Skip
 from . import fitting
 from .candidates import Shortlist
 from .opening import open_checked

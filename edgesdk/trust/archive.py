@@ -12,7 +12,7 @@ hashed, and that copy is what is extracted, so the entry's name is the sha256 of
 ``<sha256>.record`` lists the archive's sha256 and every file's sha256 and size. A cache hit is served
 only if the entry is a real directory owned by this user, matches its record (names, sizes, and the
 sha256 of ``manifest.json`` and of any file the manifest does not list) and passes
-:meth:`~edgesdk.bundle.Bundle.open`; anything else (a symlink, bit rot, a half-cleaned cache, another
+:meth:`~edgesdk.bundle.reader.Bundle.open`; anything else (a symlink, bit rot, a half-cleaned cache, another
 bundle planted under the name) is removed and the archive extracted again. Cache folders are made 0700.
 The record sits beside the entry, not in it: a file added to a signed bundle would fail its signature.
 
@@ -23,7 +23,7 @@ counted too (headers and padding included), and GNU long-name and PAX headers ov
 tarfile reads them whole into memory. Each member also
 passes :func:`tarfile.data_filter`. Files are written by this module, counted as they are written, into
 a temporary directory inside the cache dir, which is renamed into place only once the bundle inside
-verifies (:meth:`~edgesdk.bundle.Bundle.open`); on any failure it is deleted. Nothing is written outside
+verifies (:meth:`~edgesdk.bundle.reader.Bundle.open`); on any failure it is deleted. Nothing is written outside
 the cache dir. Every refusal is a :class:`~edgesdk.errors.BundleError` naming the member and the reason.
 """
 
@@ -41,8 +41,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..autotune import cache_dir
-from ..bundle import MANIFEST, Bundle, sha256_file
+from ..runtime.autotune import cache_dir
+from ..bundle.reader import MANIFEST, Bundle, sha256_file
 from ..errors import BundleError
 from . import cache as store
 

@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ..bundle import MANIFEST, Bundle, sha256_file
+from ..bundle.reader import MANIFEST, Bundle, sha256_file
 from ..errors import BundleError
 
 _CHUNK = 1 << 20

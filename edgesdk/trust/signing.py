@@ -7,7 +7,7 @@ made with an ECDSA private key (P-256/384/521, PEM). The library's own CLI verif
     model_signing verify key BUNDLE --signature BUNDLE/signature.sig --public_key pub.pem
 
 ``manifest.json`` is among the signed files and it carries every model file's sha256, so a verified
-signature plus :meth:`~edgesdk.bundle.Bundle.open` trusts the whole bundle.
+signature plus :meth:`~edgesdk.bundle.reader.Bundle.open` trusts the whole bundle.
 
 ``model_signing`` (and ``cryptography``) are imported only when a function here needs them; without
 them these functions raise :class:`~edgesdk.errors.EdgeSDKError` naming ``pip install 'edgesdk[trust]'``.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..bundle import MANIFEST, Bundle
+from ..bundle.reader import MANIFEST, Bundle
 from ..errors import BundleError, EdgeSDKError
 
 SIGNATURE = "signature.sig"

@@ -14,7 +14,7 @@ import pytest
 
 import edgesdk
 from edgesdk import Bundle, EscalationPolicy
-from edgesdk.cloud.client import CircuitBreaker, CloudClient, RetryBudget
+from edgesdk.hybrid.client import CircuitBreaker, CloudClient, RetryBudget
 from edgesdk.errors import CloudRejected, CloudUnavailable
 
 from cloud_server import CloudServer, free_port
@@ -114,7 +114,7 @@ def test_no_device_backend_escalates_with_reason_no_backend(server, digits_bundl
 
 
 def test_a_thermal_refusal_escalates_with_reason_thermal(server, digits_bundle, golden, tmp_path):
-    from edgesdk.thermal import LinuxThermalZones, ThermalGovernor
+    from edgesdk.budgets.thermal import LinuxThermalZones, ThermalGovernor
 
     zone = tmp_path / "class/thermal/thermal_zone0"
     zone.mkdir(parents=True)

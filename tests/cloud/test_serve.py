@@ -14,7 +14,7 @@ import pytest
 
 from cloud_server import CloudServer, call, cloud_venv, free_port
 from edgesdk import Bundle
-from edgesdk.cloud.served_artifact import serving_artifact
+from edgesdk.hybrid.served_artifact import serving_artifact
 from edgesdk.errors import BundleError
 from support import fail_validation
 

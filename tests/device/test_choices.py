@@ -16,8 +16,8 @@ from edgesdk import BackendUnavailable, BudgetExceeded, InputError, RuntimeOptio
 from edgesdk.choices import (BackendReason, BudgetReason, CacheState, CloudReason, CriticalMode, EscalationReason,
                              HybridMode, Performance, Policy, SpeedCheck)
 from edgesdk.errors import CloudError
-from edgesdk.hybrid import HybridOptions
-from edgesdk.placement import Candidate, Placement, Skip
+from edgesdk.hybrid.model import HybridOptions
+from edgesdk.runtime.placement import Candidate, Placement, Skip
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -99,7 +99,7 @@ def _run(script: str, *args, cwd) -> dict:
 
 def test_device_package_loads_no_workstation_or_cloud_module(digits_bundle, tmp_path):
     report = _run(DEVICE_SCRIPT, digits_bundle.bundle, cwd=tmp_path)
-    for name in ("edgesdk.bundle", "edgesdk.cli", "edgesdk.errors", "edgesdk.preprocess", "edgesdk.report",
+    for name in ("edgesdk.bundle.reader", "edgesdk.cli", "edgesdk.errors", "edgesdk.bundle.preprocess", "edgesdk.bundle.report",
                  "edgesdk.engines", "edgesdk.engines.base", "edgesdk.engines.litert", "edgesdk.engines.openvino",
                  "edgesdk.engines.onnxruntime"):
         assert name in report["modules"], name

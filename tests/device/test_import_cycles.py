@@ -3,7 +3,7 @@
 Every ``import`` counts, also those inside functions (a lazy import still ties two modules together); only imports
 under ``if TYPE_CHECKING:`` do not (they never run). An import names the most specific module it reaches:
 ``from .runtime.result import Result`` is an edge to ``edgesdk.runtime.result``, ``from . import numerics`` one to
-``edgesdk.numerics``, ``from .engines import open_engine`` one to the package ``edgesdk.engines`` (its
+``edgesdk.runtime.numerics``, ``from .engines import open_engine`` one to the package ``edgesdk.engines`` (its
 ``__init__``). A package is not counted as importing its parent (Python runs the parent's ``__init__`` first, but
 that one is already running or done, so no cycle can arise from it).
 """
@@ -134,5 +134,5 @@ def test_the_cycle_finder_finds_a_cycle_and_reads_relative_imports(tmp_path):
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
-    assert "edgesdk.errors" in graph["edgesdk.bundle"]  # from .errors import ...
-    assert "edgesdk.numerics" in graph["edgesdk.precision_choice"]  # from . import autotune, numerics
+    assert "edgesdk.errors" in graph["edgesdk.bundle.reader"]  # from .errors import ...
+    assert "edgesdk.runtime.numerics" in graph["edgesdk.runtime.precision_choice"]  # from . import autotune, numerics

@@ -5,12 +5,12 @@
     python tests/fuzz/fuzz_bundle.py onnx -atheris_runs=10000
 
 ``manifest``: the input is ``manifest.json`` of a small bundle whose files are there, opened (and verified) with
-:meth:`Bundle.open <edgesdk.bundle.Bundle.open>`. ``archive``: the input is an ``.edgebundle`` file, extracted by
+:meth:`Bundle.open <edgesdk.bundle.reader.Bundle.open>`. ``archive``: the input is an ``.edgebundle`` file, extracted by
 :func:`edgesdk.trust.open_archive` into a fresh cache dir. ``onnx``: the input is a model file whose external data
 locations are read. Refusing an input with an :class:`~edgesdk.errors.EdgeSDKError` is the expected outcome; any
 other exception is a crash. Each target starts from seeds made here (a valid bundle and its archive), to which
 libFuzzer's corpus directories may add. The file is not named ``test_*``: pytest does not collect it, and
-``tests/device/test_bundle_schema.py`` runs each target's one-input function on the seeds.
+``tests/device/bundle/test_bundle_schema.py`` runs each target's one-input function on the seeds.
 """
 
 from __future__ import annotations
@@ -114,14 +114,14 @@ class Target:
             pass  # refused: the expected outcome for a bad input
 
     def _manifest(self, data: bytes) -> None:
-        from edgesdk.bundle import Bundle
+        from edgesdk.bundle.reader import Bundle
 
         (self.bundle / "manifest.json").write_bytes(data)
         bundle = Bundle.open(self.bundle)
         # What the device reads from an accepted manifest must read without surprises.
-        from edgesdk.bundle_io import BundleIO
-        from edgesdk.hybrid import EscalationPolicy
-        from edgesdk.report import summary, validation_table
+        from edgesdk.bundle.tensors import BundleIO
+        from edgesdk.hybrid.model import EscalationPolicy
+        from edgesdk.bundle.report import summary, validation_table
 
         for art in bundle.artifacts:
             art.engine_options()
@@ -142,7 +142,7 @@ class Target:
             shutil.rmtree(cache, ignore_errors=True)
 
     def _onnx(self, data: bytes) -> None:
-        from edgesdk.external_data import external_data_locations, location_problem
+        from edgesdk.bundle.external_data import external_data_locations, location_problem
 
         path = self.bundle / "onnx" / "fuzzed.onnx"
         path.write_bytes(data)
@@ -159,8 +159,8 @@ def main(argv: list[str]) -> None:
     kind = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else "manifest"
     args = [argv[0]] + [a for a in argv[1:] if a != kind]
     with atheris.instrument_imports(include=["edgesdk"]):  # our code; numpy and the stdlib are not the target
-        for module in ("edgesdk.bundle", "edgesdk.bundle_schema", "edgesdk.bundle_io", "edgesdk.preprocess",
-                       "edgesdk.report", "edgesdk.hybrid", "edgesdk.trust.archive"):
+        for module in ("edgesdk.bundle.reader", "edgesdk.bundle.schema", "edgesdk.bundle.tensors", "edgesdk.bundle.preprocess",
+                       "edgesdk.bundle.report", "edgesdk.hybrid.model", "edgesdk.trust.archive"):
             importlib.import_module(module)
     target = Target(kind)
     for seed in target.seeds():  # libFuzzer starts from an empty input; these are run (and counted) first

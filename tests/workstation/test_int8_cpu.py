@@ -99,7 +99,7 @@ def test_validation_records_the_cpu_class(digits_bundle):
 
 
 def test_validation_table_names_the_cpu(digits_bundle):
-    from edgesdk.report import validation_table
+    from edgesdk.bundle.report import validation_table
 
     here = cpu_class()
     assert f", measured on {here['isa_class']}: {here['model']} ({here['cpus']} cpus); " in \

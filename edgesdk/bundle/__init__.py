@@ -1,0 +1,10 @@
+"""Reading a bundle on the device: the folder or ``.edgebundle`` a quantize run wrote, checked before anything uses it.
+
+``schema`` (the manifest's format and every check on it), ``reader`` (:class:`~edgesdk.Bundle` and its
+:class:`~edgesdk.Artifact` entries: paths confined to the bundle, checksums, the golden data), ``external_data``
+(an ONNX model's external tensor files, checked before an engine opens them), ``preprocess`` (what the manifest says
+an input becomes: resize, layout, normalization), ``tensors`` (what an app hands a model made into input tensors, and
+output tensors made into top-k classes) and ``report`` (the manifest rendered as text for ``inspect``). Writing a
+bundle is the workstation's (:mod:`edgesdk_converters.bundle_writer`); this package only reads. The public names are
+exported by :mod:`edgesdk`; this package imports none of its modules itself.
+"""

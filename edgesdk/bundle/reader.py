@@ -1,0 +1,237 @@
+"""The bundle: a directory with ``manifest.json`` at its root and the files it lists.
+
+Opening a bundle checks every listed file's sha256 before any engine sees it; a
+missing or altered file, or a path that escapes the bundle directory, raises a
+:class:`~edgesdk.errors.BundleError` naming the file. The manifest keys are
+documented in README.md ("Bundle format").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import external_data
+from . import schema as bundle_schema
+from ..errors import BundleError, FailedArtifactWarning
+
+MANIFEST = "manifest.json"
+# Defined with the schema; named here too: the quantizer writes FORMAT_VERSION, platform profiles check the rest.
+FORMAT_VERSION, ENGINES, PRECISIONS = bundle_schema.FORMAT_VERSION, bundle_schema.ENGINES, bundle_schema.PRECISIONS
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _stat(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def safe_member(root: Path, rel: str) -> Path:
+    """Resolve ``rel`` inside ``root``, refusing absolute paths, ``..`` and links that lead outside."""
+    if not isinstance(rel, str) or not rel:
+        raise BundleError(f"bundle file entry has no usable path: {rel!r}")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or "\\" in rel or any(part == ".." for part in pure.parts) or ":" in pure.parts[0]:
+        raise BundleError(f"bundle file path {rel!r} escapes the bundle directory")
+    full = (root / pure).resolve()
+    if not full.is_relative_to(root.resolve()):
+        raise BundleError(f"bundle file {rel!r} resolves outside the bundle directory (link?)")
+    return full
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One engine-ready model inside a bundle."""
+
+    id: str
+    engine: str
+    precision: str
+    files: tuple[Path, ...]
+    entry: dict[str, Any]
+    # Each file's (device, inode, size, mtime) when the bundle checked it against the manifest's sha256 (None:
+    # not verified). The sha256 are handed to engines only while the files are still those that were checked.
+    verified_stats: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def model_path(self) -> Path:
+        """The file the engine opens (``.tflite``, ``.xml`` or ``.onnx``): the first listed."""
+        return self.files[0]
+
+    @property
+    def runtime(self) -> dict[str, Any]:
+        """Engine options recorded at quantize time (e.g. OpenVINO ``precision_hint: f32`` for fp32)."""
+        return dict(self.entry.get("runtime") or {})
+
+    def engine_options(self, **options) -> dict[str, Any]:
+        """The recorded runtime options overridden by ``options``, plus the files' sha256 from the manifest
+        where the bundle verified them (an engine's compile cache then does not hash the model again)."""
+        merged = {**self.runtime, **options}
+        if self.verified_stats is not None and self.verified_stats == tuple(_stat(p) for p in self.files):
+            merged.setdefault("digests", tuple(f["sha256"] for f in self.entry["files"]))
+        return merged
+
+    def open(self, **options):
+        """Load this artifact on its engine with the recorded runtime options (``options`` override them)."""
+        from ..engines import open_engine
+
+        return open_engine(self.engine, self.model_path, **self.engine_options(**options))
+
+
+class Bundle:
+    """A verified bundle on disk. Use :meth:`open`; construction does no I/O."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any]):
+        self.root = root
+        self.manifest = manifest
+        self._verified: dict[Path, tuple[int, ...]] = {}  # file -> its stat when its sha256 was checked
+
+    @classmethod
+    def open(cls, path: str | Path, verify: bool = True) -> "Bundle":
+        root = Path(path)
+        manifest_path = root / MANIFEST
+        if not root.is_dir():
+            raise BundleError(f"bundle not found: {root} is not a directory")
+        if not manifest_path.is_file():
+            raise BundleError(f"{root} is not a bundle: it has no {MANIFEST}")
+        manifest = bundle_schema.load_manifest(manifest_path)  # read and checked against the schema
+        bundle = cls(root, manifest)
+        if verify:
+            bundle.verify()
+        return bundle
+
+    # -- integrity ----------------------------------------------------------
+    def file_entries(self) -> Iterator[dict[str, Any]]:
+        for art in self.manifest["artifacts"]:
+            yield from art["files"]
+        golden = self.manifest.get("golden")
+        if golden:
+            yield from golden["files"]
+
+    def verify(self) -> None:
+        """Check every listed file: inside the bundle, present, same size and sha256."""
+        for entry in self.file_entries():
+            rel = entry.get("path")
+            full = safe_member(self.root, rel)
+            if not full.is_file():
+                raise BundleError(f"bundle file {rel!r} is missing from {self.root}")
+            if full.stat().st_size != entry.get("bytes"):
+                raise BundleError(
+                    f"bundle file {rel!r} was altered: {full.stat().st_size} bytes, manifest says {entry.get('bytes')}"
+                )
+            before = _stat(full)
+            if sha256_file(full) != entry.get("sha256"):
+                raise BundleError(f"bundle file {rel!r} was altered: its sha256 does not match the manifest")
+            if _stat(full) == before:  # not rewritten while it was hashed
+                self._verified[full] = before
+        external_data.check_external_data(self.root, self.manifest)  # an ONNX file may read only listed files
+
+    # -- access -------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        return [self._artifact(entry) for entry in self.manifest["artifacts"]]
+
+    def artifact(self, artifact_id: str) -> Artifact:
+        for entry in self.manifest["artifacts"]:
+            if entry["id"] == artifact_id:
+                return self._artifact(entry)
+        ids = ", ".join(a["id"] for a in self.manifest["artifacts"])
+        raise BundleError(f"bundle {self.name!r} has no artifact {artifact_id!r} (artifacts: {ids})")
+
+    def failed_gate(self, artifact_id: str) -> str | None:
+        """How ``artifact_id`` failed its validation gate at quantize time (``validation.<id>.passed`` is false),
+        e.g. ``"accuracy drop 1.48 points > max 0.5 at quantize time"``; None when it passed, or has no validation
+        entry (a bundle written before validation was recorded)."""
+        entry = (self.manifest.get("validation") or {}).get(artifact_id)
+        if not isinstance(entry, dict) or entry.get("passed") is not False:
+            return None
+
+        def number(key: str) -> float | None:
+            value = entry.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        gate, limit = entry.get("gate"), number("max_drop_points")
+        drop = number(gate) if isinstance(gate, str) else None
+        failures = []
+        if drop is not None and limit is not None and drop > limit + 1e-9:
+            words = gate.removesuffix("_points").replace("_", " ")  # "accuracy_drop_points" -> "accuracy drop"
+            failures.append(f"{words} {drop:.2f} points > max {limit:g}")
+        error, cap = number("max_abs_error_golden"), number("max_abs_error_cap")
+        if entry.get("max_abs_error_cap_exceeded") is True:
+            failures.append(f"max |error| against the float outputs {error:.4g} > cap {cap:.4g}"
+                            if error is not None and cap is not None else "max |error| above its cap")
+        if not failures:
+            failures.append(f"validation.{artifact_id}.passed is false (gate {gate or 'not recorded'})")
+        return "; ".join(failures) + " at quantize time"
+
+    def servable_artifact(self, artifact_id: str, allow_failed: bool = False) -> Artifact:
+        """The artifact ``artifact_id``, asked for by name to be served. One that failed its validation gate is
+        refused with a :class:`BundleError` naming the gate, unless ``allow_failed`` (then whoever serves it
+        calls :meth:`warn_if_failed`)."""
+        art = self.artifact(artifact_id)
+        gate = self.failed_gate(artifact_id)
+        if gate is not None and not allow_failed:
+            raise BundleError(f"artifact {artifact_id!r} of bundle {self.name!r} failed its validation gate ({gate}); "
+                              "it is served only with allow_failed=True (CLI: --allow-failed), or re-quantize the "
+                              "bundle")
+        return art
+
+    def warn_if_failed(self, artifact_id: str, stacklevel: int = 2) -> None:
+        """Warn (:class:`~edgesdk.errors.FailedArtifactWarning`) when ``artifact_id`` failed its validation gate:
+        called where such an artifact is about to be served, which only ``allow_failed`` lets happen."""
+        gate = self.failed_gate(artifact_id)
+        if gate is not None:
+            warnings.warn(f"serving artifact {artifact_id!r} of bundle {self.name!r}, which failed its validation "
+                          f"gate ({gate}), because allow_failed is set", FailedArtifactWarning,
+                          stacklevel=stacklevel + 1)
+
+    def _artifact(self, entry: dict[str, Any]) -> Artifact:
+        files = tuple(safe_member(self.root, f["path"]) for f in entry["files"])
+        stats = [self._verified.get(f) for f in files]
+        return Artifact(entry["id"], entry["engine"], entry["precision"], files, entry,
+                        None if None in stats else tuple(stats))
+
+    @property
+    def preprocess(self):
+        from ..errors import InputError
+        from .preprocess import Preprocess
+
+        data = self.manifest.get("preprocess")
+        try:
+            return Preprocess.from_dict(data) if data else None
+        except InputError as exc:
+            raise BundleError(f"bundle {self.name!r} has a bad preprocess spec: {exc}") from exc
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.manifest.get("labels")
+
+    def golden(self) -> dict[str, np.ndarray]:
+        """The golden inputs and float reference outputs (never unpickled)."""
+        golden = self.manifest.get("golden")
+        if not golden:
+            raise BundleError(f"bundle {self.name!r} has no golden data")
+        path = safe_member(self.root, golden["files"][0]["path"])
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"golden file {golden['files'][0]['path']!r} is unreadable: {exc}") from exc

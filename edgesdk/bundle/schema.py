@@ -1,0 +1,345 @@
+"""The manifest schema: every manifest key edgesdk reads, with its type and whether it must be there.
+
+:func:`check_manifest` runs when a bundle is opened, before anything in the manifest is used, and raises one
+:class:`~edgesdk.errors.BundleError` listing every problem it found, each naming the field's path, what was
+expected and what was found::
+
+    manifest.json: artifacts[1].files[0].bytes must be a non-negative integer, got "12" (a string)
+
+Keys this edgesdk does not know are accepted (a newer quantizer may write more), except inside an artifact's
+``runtime`` table, whose options are applied to the engine (a misspelt option would silently do nothing).
+The schema is written out below as data, checked by a few small classes; no third-party validator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import BundleError, InputError
+
+FORMAT_VERSION = 1  # the format the quantizer writes
+FORMAT_VERSIONS = (FORMAT_VERSION,)  # the formats this edgesdk reads
+ENGINES = ("litert", "openvino", "onnxruntime")
+PRECISIONS = ("int8", "fp32")
+RUNTIME_OPTIONS = ("num_threads", "precision_hint")  # engine options an artifact may record
+MAX_PROBLEMS = 10  # listed in one error; the rest are counted
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+# -- helpers ------------------------------------------------------------------------
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _join(path: str, key: Any) -> str:
+    key = str(key)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{_show(key)}]"
+
+
+def _at(path: str) -> str:
+    return path or "the manifest"
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``value`` as it reads in the JSON file (so a string shows its quotes), shortened."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+        text.encode("utf-8")  # a lone surrogate (a path's undecodable byte) would fail where the message is printed
+    except UnicodeEncodeError:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):  # not JSON (a caller's own object), or an int too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the checker -------------------------------------------------------------------
+class Spec:
+    """One node of the schema: ``check`` appends ``"<path> <problem>"`` strings to ``problems``."""
+
+    expected = "a value"
+
+    def check(self, value: Any, path: str, problems: list[str]) -> None:
+        if not self.accepts(value):
+            problems.append(f"{_at(path)} must be {self.expected}, got {_show(value)}")
+
+    def accepts(self, value: Any) -> bool:
+        return True
+
+
+class Str(Spec):
+    def __init__(self, nonempty: bool = False, pattern: re.Pattern | None = None, expected: str | None = None):
+        self.nonempty, self.pattern = nonempty, pattern
+        self.expected = expected or ("a non-empty string" if nonempty else "a string")
+
+    def accepts(self, value):
+        return (isinstance(value, str) and (bool(value) or not self.nonempty)
+                and (self.pattern is None or self.pattern.fullmatch(value) is not None))
+
+
+class Int(Spec):
+    def __init__(self, minimum: int | None = None, expected: str = "an integer"):
+        self.minimum, self.expected = minimum, expected
+
+    def accepts(self, value):
+        return _is_int(value) and (self.minimum is None or value >= self.minimum)
+
+
+class Num(Spec):
+    """A finite real number (JSON's NaN and Infinity are refused), optionally within [low, high]."""
+
+    def __init__(self, low: float | None = None, high: float | None = None, expected: str = "a number"):
+        self.low, self.high, self.expected = low, high, expected
+
+    def accepts(self, value):
+        return (_is_number(value) and math.isfinite(value) and (self.low is None or value >= self.low)
+                and (self.high is None or value <= self.high))
+
+
+class Bool(Spec):
+    expected = "true or false"
+
+    def accepts(self, value):
+        return isinstance(value, bool)
+
+
+class OneOf(Spec):
+    def __init__(self, *values: Any):
+        self.values = values
+        self.expected = "one of " + ", ".join(_show(v) for v in values)
+
+    def accepts(self, value):
+        return any(type(value) is type(v) and value == v for v in self.values)
+
+
+class Nullable(Spec):
+    """``spec``, or null."""
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.expected = f"{spec.expected} or null"
+
+    def check(self, value, path, problems):
+        if value is None:
+            return
+        found: list[str] = []
+        self.spec.check(value, path, found)
+        # A value of the wrong kind here could also have been null: say so (deeper problems stay as they are).
+        mine = f"{_at(path)} must be {self.spec.expected}, "
+        problems += [f"{_at(path)} must be {self.expected}, {p[len(mine):]}" if p.startswith(mine) else p
+                     for p in found]
+
+
+class ListOf(Spec):
+    def __init__(self, item: Spec, nonempty: bool = False):
+        self.item, self.nonempty = item, nonempty
+        self.expected = "a non-empty list" if nonempty else "a list"
+
+    def check(self, value, path, problems):
+        if not isinstance(value, list) or (self.nonempty and not value):
+            problems.append(f"{_at(path)} must be {self.expected}, got {_show(value)}")
+            return
+        for i, item in enumerate(value):
+            self.item.check(item, f"{path}[{i}]", problems)
+
+
+class MapOf(Spec):
+    """An object whose keys are names (artifact ids, ...) and whose values follow ``value``; a key of ``special``
+    follows its own spec instead."""
+
+    expected = "an object"
+
+    def __init__(self, value: Spec, special: dict[str, Spec] | None = None):
+        self.value, self.special = value, special or {}
+
+    def check(self, value, path, problems):
+        if not isinstance(value, dict):
+            problems.append(f"{_at(path)} must be {self.expected}, got {_show(value)}")
+            return
+        for key, item in value.items():
+            self.special.get(key, self.value).check(item, _join(path, key), problems)
+
+
+class Obj(Spec):
+    """An object with known keys: ``required`` must be there, ``optional`` may be. Other keys are accepted
+    (forward compatibility) unless ``closed``."""
+
+    expected = "an object"
+
+    def __init__(self, required: dict[str, Spec] | None = None, optional: dict[str, Spec] | None = None,
+                 closed: bool = False):
+        self.required, self.optional, self.closed = required or {}, optional or {}, closed
+
+    def check(self, value, path, problems):
+        if not isinstance(value, dict):
+            problems.append(f"{_at(path)} must be {self.expected}, got {_show(value)}")
+            return
+        missing = [k for k in self.required if k not in value]
+        if missing:
+            problems.append(f"{_at(path)} is missing key(s) {', '.join(missing)}")
+        if self.closed:
+            known = {*self.required, *self.optional}
+            unknown = [k for k in value if k not in known]
+            if unknown:
+                problems.append(f"{_at(path)} has unknown key(s) {', '.join(map(_show, unknown))} "
+                                f"(known: {', '.join(sorted(known))})")
+        for fields in (self.required, self.optional):
+            for key, spec in fields.items():
+                if key in value:
+                    spec.check(value[key], _join(path, key), problems)
+
+
+class Rule(Spec):
+    """A check written as a function: it returns the problem (without the path), or None."""
+
+    def __init__(self, rule: Callable[[Any], str | None]):
+        self.rule = rule
+
+    def check(self, value, path, problems):
+        problem = self.rule(value)
+        if problem:
+            problems.append(f"{_at(path)} {problem}")
+
+
+def _preprocess(value: Any) -> str | None:
+    from .preprocess import Preprocess  # its own checks are the schema of this table
+
+    try:
+        Preprocess.from_dict(value)
+    except InputError as exc:
+        return f"is not a usable preprocess spec: {exc}"
+    return None
+
+
+# -- the schema ---------------------------------------------------------------------
+FILE = Obj(required={"path": Str(nonempty=True), "sha256": Str(pattern=_SHA256, expected="64 lowercase hex digits"),
+                     "bytes": Int(0, "a non-negative integer")})
+FILES = ListOf(FILE, nonempty=True)
+TENSOR = Obj(required={"name": Str(), "shape": ListOf(Int(-1, "an integer >= -1 (-1: dynamic)")),
+                       "dtype": Str(nonempty=True)})
+ARTIFACT = Obj(
+    required={"id": Str(nonempty=True), "engine": OneOf(*ENGINES), "precision": OneOf(*PRECISIONS), "files": FILES},
+    optional={"runtime": Nullable(Obj(optional={"num_threads": Int(1, "a positive integer"),
+                                                "precision_hint": Str(nonempty=True)}, closed=True)),
+              "method": Nullable(Str()), "reference": Nullable(Str())},
+)
+_METRIC = Nullable(Num())
+VALIDATION = Obj(
+    optional={"passed": Bool(), "slower_than_float": Bool(), "max_abs_error_cap_exceeded": Bool(),
+              "effective_precision": Nullable(Str()),
+              "reference": Nullable(Str()), "samples": Nullable(Int(0, "a non-negative integer")),
+              "gate": Nullable(Str()), "max_drop_points": _METRIC,
+              **{k: _METRIC for k in ("accuracy", "reference_accuracy", "accuracy_drop_points", "agreement_drop_points",
+                                      "golden_agreement_drop_points", "top1_agreement", "golden_agreement",
+                                      "cosine_similarity", "max_abs_error", "latency_ms", "latency_ratio",
+                                      "reference_latency_ms", "max_abs_error_golden", "max_abs_error_cap")}},
+)
+# Where the validation numbers were measured (edgesdk.cpu.cpu_class): INT8 results depend on the CPU class.
+VALIDATION_MACHINE = Obj(optional={
+    "arch": Nullable(Str()), "vendor": Nullable(Str()), "model": Nullable(Str()),
+    "cpus": Nullable(Int(1, "a positive integer")), "flags": Nullable(MapOf(Bool())), "isa_class": Nullable(Str()),
+    "isa_caps": Nullable(MapOf(Str())),
+})
+_SHARE = Num(0.0, 1.0, "a number in [0, 1]")
+MANIFEST = Obj(
+    required={
+        "format_version": Int(), "name": Str(nonempty=True), "version": Str(nonempty=True),
+        "created_with": Spec(),  # for people: required, any JSON value
+        "inputs": ListOf(TENSOR, nonempty=True), "outputs": ListOf(TENSOR, nonempty=True),
+        "artifacts": ListOf(ARTIFACT, nonempty=True),
+    },
+    optional={
+        "created_at": Nullable(Str()),
+        "source": Nullable(Obj(optional={"name": Nullable(Str()), "kind": Nullable(Str())})),
+        "preprocess": Nullable(Rule(_preprocess)),
+        "postprocess": Nullable(Obj(optional={"type": Str(), "softmax": Bool(),
+                                              "top_k": Int(1, "a positive integer")})),
+        "labels": Nullable(ListOf(Str())),
+        "calibration": Nullable(Obj(optional={
+            "samples": Int(0, "a non-negative integer"), "fingerprint": Nullable(Str()), "source": Nullable(Str()),
+            "method": Nullable(MapOf(Str())), "seed": Nullable(Int()), "stratified": Bool(),
+            "input_ranges": Nullable(ListOf(Obj(required={"min": Num(), "max": Num()},
+                                                optional={"name": Str()}))),
+        })),
+        "validation_data": Nullable(Str()),
+        "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str()),
+                                                          "machine": Nullable(VALIDATION_MACHINE)})),
+        "golden": Nullable(Obj(required={"files": FILES}, optional={
+            "count": Int(0, "a non-negative integer"), "reference": Nullable(Str()), "metric": Str(),
+            "tolerance": MapOf(Num(0.0, expected="a non-negative number")),
+        })),
+        "hybrid": Nullable(Obj(optional={
+            "signal": Str(nonempty=True), "threshold": Nullable(_SHARE), "max_clipped": Nullable(_SHARE),
+            "device_artifact": Nullable(Str()), "samples": Int(0, "a non-negative integer"),
+            **{k: Nullable(_SHARE) for k in ("escalation_rate", "hybrid_accuracy", "device_accuracy",
+                                             "cloud_accuracy")},
+            "curve": ListOf(Obj(required={"escalation_rate": _SHARE, "accuracy": _SHARE},
+                                optional={"threshold": Num()})),
+        })),
+    },
+)
+
+
+# -- entry points -------------------------------------------------------------------
+def load_manifest(path: Path) -> dict[str, Any]:
+    """Read and check ``manifest.json``; any problem is a :class:`BundleError` naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path} cannot be read as UTF-8 text: {exc}") from exc
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
+        raise BundleError(f"{path} is not valid JSON: {str(exc)[:200]}") from exc
+    check_manifest(manifest, path)
+    return manifest
+
+
+def check_manifest(manifest: Any, where: Path | str) -> None:
+    """Raise one :class:`BundleError` listing every way ``manifest`` breaks the schema (nothing if it fits)."""
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: the manifest must be a JSON object, got {_show(manifest)}")
+    version = manifest.get("format_version")
+    if "format_version" in manifest and not any(type(version) is type(v) and version == v for v in FORMAT_VERSIONS):
+        raise BundleError(f"{where}: unknown format_version {_show(version)} (this edgesdk reads "
+                          f"{', '.join(map(str, FORMAT_VERSIONS))})")
+    problems: list[str] = []
+    MANIFEST.check(manifest, "", problems)
+    if not problems:
+        problems += _cross_checks(manifest)
+    if problems:
+        shown = "; ".join(problems[:MAX_PROBLEMS])
+        more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
+        head = f"{where}: " if len(problems) == 1 else f"{where}: {len(problems)} problems: "
+        raise BundleError(head + shown + more)
+
+
+def _cross_checks(manifest: dict[str, Any]) -> list[str]:
+    """What the types alone do not say: artifact ids are unique. (An int8 artifact's ``reference`` may name an
+    artifact left out of this bundle: a device bundle can ship the int8 artifact alone.)"""
+    problems = []
+    ids = [a["id"] for a in manifest["artifacts"]]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        problems.append(f"artifacts: ids must be unique; {', '.join(map(_show, twice))} appear more than once")
+    for i, art in enumerate(manifest["artifacts"]):
+        if art["engine"] != "openvino":
+            continue
+        # OpenVINO reads <stem>.bin beside the .xml whatever the manifest says: it must be a listed (hashed) file.
+        paths = [f["path"] for f in art["files"]]
+        first = paths[0]
+        if not first.lower().endswith(".xml"):
+            problems.append(f"artifacts[{i}].files[0] must be the OpenVINO IR .xml, got {_show(first)}")
+        elif first[:-4] + ".bin" not in paths:
+            problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
+                            f"beside {_show(first)}")
+    return problems

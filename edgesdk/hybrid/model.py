@@ -1,0 +1,299 @@
+"""Hybrid mode: the device answers what it can, a cloud endpoint (Open Inference Protocol V2) takes the rest.
+
+Modes (per load, and per call with ``predict(x, mode=...)``):
+
+``device-only``    the device answers; nothing leaves the device (no socket is opened).
+``cloud-only``     the cloud answers; a failed call raises its :class:`~edgesdk.errors.CloudError`.
+``prefer-device``  the device answers; the cloud takes what the device cannot serve: no viable backend
+                   (``no_backend``), a memory budget that no artifact fits (``memory``), a thermal refusal or
+                   escalation (``thermal``), or a hard input (``low_confidence``, ``out_of_range``). When the
+                   cloud fails, the device's answer is returned with ``degraded=True`` (if there is one).
+``prefer-cloud``   the cloud answers; when it is unreachable or late, the device does (``degraded=True``).
+
+Hardness signals from the device's output (:func:`signals`): the top-1 probability, the top-1/top-2 margin, the
+entropy of the class distribution, and ours: the share of input values outside the range the INT8 input
+quantization was calibrated on (the manifest's ``calibration.input_ranges``). :class:`EscalationPolicy`
+combines them: one confidence signal against a threshold, plus a cap on the clipped share.
+
+Every :class:`~edgesdk.Result` says which ``source`` answered (``device`` / ``cloud``), why it escalated
+(``escalation_reason``), whether it is ``degraded``, and, when the cloud failed, ``cloud_error`` (its reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..choices import BackendReason, CloudReason, EscalationReason, HybridMode
+from ..errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
+from ..lifecycle import Closeable
+from ..runtime.result import Result
+
+log = logging.getLogger("edgesdk.hybrid.model")
+
+MODES = tuple(HybridMode)
+RECHECK_S = 30.0  # a failed model check (other than an outage) is asked again after this long
+SIGNALS = ("max_prob", "margin", "entropy")
+# Used when neither the policy nor the bundle's calibration (edgesdk calibrate-escalation) sets a threshold.
+DEFAULT_THRESHOLDS = {"max_prob": 0.6, "margin": 0.2, "entropy": 0.5}
+
+
+def signals(probabilities: np.ndarray | None, feeds: Sequence[np.ndarray] | None = None,
+            input_ranges: Sequence[dict] | None = None) -> dict[str, float | None]:
+    """The hardness signals of one prediction. ``probabilities`` is the class distribution (None for a model
+    that is not a classifier: the confidence signals are None); ``entropy`` is normalized to [0, 1] by
+    log(classes); ``clipped_share`` is the share of input values outside the calibrated ranges (None when the
+    bundle records none)."""
+    out: dict[str, float | None] = {"max_prob": None, "margin": None, "entropy": None, "clipped_share": None}
+    if probabilities is not None and probabilities.size:
+        p = np.clip(probabilities.astype(np.float64).reshape(-1), 0.0, 1.0)
+        top2 = np.partition(p, -2)[-2:] if p.size > 1 else np.array([0.0, p[0]])
+        out["max_prob"] = float(top2[1])
+        out["margin"] = float(top2[1] - top2[0])
+        nz = p[p > 0]
+        out["entropy"] = float(-(nz * np.log(nz)).sum() / math.log(p.size)) if p.size > 1 else 0.0
+    if feeds is not None and input_ranges:
+        outside = total = 0
+        for arr, rng in zip(feeds, input_ranges):
+            outside += int(np.count_nonzero((arr < rng["min"]) | (arr > rng["max"])))
+            total += arr.size
+        out["clipped_share"] = outside / total if total else 0.0
+    return out
+
+
+@dataclass(frozen=True)
+class EscalationPolicy:
+    """When the device's answer is too unsure to keep.
+
+    ``signal`` (``max_prob``, ``margin`` or ``entropy``) against ``threshold``: escalate when the top-1
+    probability or the margin is below it, or the entropy above it (reason ``low_confidence``). ``threshold``
+    None takes the bundle's calibrated one (``manifest["hybrid"]``, written by ``edgesdk calibrate-escalation``)
+    and else :data:`DEFAULT_THRESHOLDS`. ``max_clipped``: escalate when more than this share of the input lies
+    outside the calibration range (reason ``out_of_range``; None: never).
+    """
+
+    signal: str = "max_prob"
+    threshold: float | None = None
+    max_clipped: float | None = 0.05
+
+    def __post_init__(self):
+        if self.signal not in SIGNALS:
+            raise InputError(f"escalation signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+        for name in ("threshold", "max_clipped"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0.0 <= value <= 1.0):
+                raise InputError(f"escalation {name} must be a number in [0, 1] or None, got {value!r}")
+
+    def resolved(self, manifest: dict) -> "EscalationPolicy":
+        """This policy with its threshold filled in from the bundle's calibration, else the default."""
+        if self.threshold is not None:
+            return self
+        calibrated = manifest.get("hybrid") or {}
+        if calibrated.get("signal") == self.signal and calibrated.get("threshold") is not None:
+            return replace(self, threshold=float(calibrated["threshold"]))
+        return replace(self, threshold=DEFAULT_THRESHOLDS[self.signal])
+
+    def reason(self, sig: dict[str, float | None]) -> EscalationReason | None:
+        """Why this prediction should escalate (``low_confidence``, ``out_of_range``), or None."""
+        value = sig.get(self.signal)
+        if value is not None and self.threshold is not None:
+            if (value > self.threshold) if self.signal == "entropy" else (value < self.threshold):
+                return EscalationReason.LOW_CONFIDENCE
+        clipped = sig.get("clipped_share")
+        if self.max_clipped is not None and clipped is not None and clipped > self.max_clipped:
+            return EscalationReason.OUT_OF_RANGE
+        return None
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    """Hybrid mode for :func:`edgesdk.load` (``RuntimeOptions(hybrid=...)``, or ``load(..., mode=, cloud=)``).
+
+    ``cloud`` is a :class:`~edgesdk.hybrid.client.CloudClient`, or the server's URL (a client is made for the
+    bundle's name, with ``token_env`` naming the environment variable that holds the bearer token).
+    ``check_model``: before the first cloud call, compare the served model's inputs with the bundle's. ``mode`` is a
+    :class:`~edgesdk.choices.HybridMode` or its string (held as the member; anything else raises :class:`InputError`
+    here, naming the modes).
+    """
+
+    mode: HybridMode | str = HybridMode.DEVICE_ONLY
+    cloud: Any = None
+    policy: EscalationPolicy = field(default_factory=EscalationPolicy)
+    token_env: str | None = None
+    check_model: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", HybridMode.parse(self.mode, "hybrid mode", InputError))
+        if self.mode != HybridMode.DEVICE_ONLY and self.cloud is None:
+            raise InputError(f"hybrid mode {self.mode.value!r} needs a cloud endpoint (cloud=URL or a CloudClient)")
+
+
+class HybridModel(Closeable):
+    """A bundle served by the device, a cloud endpoint, or both (see the module docstring). Made by
+    :func:`edgesdk.load` when the mode is not ``device-only``. ``device`` is the on-device
+    :class:`~edgesdk.Model`, or None when it could not load (``device_error`` says why)."""
+
+    def __init__(self, bundle: Any, device: Any, device_error: Exception | None, options: HybridOptions, cloud: Any,
+                 owns_cloud: bool = False):
+        from ..bundle.tensors import BundleIO
+
+        self.bundle = bundle
+        self.device = device
+        self.device_error = device_error
+        self.mode = options.mode
+        self.policy = options.policy.resolved(bundle.manifest)
+        self.cloud = cloud
+        self._owns_cloud = owns_cloud  # made here from a URL: closed with the model
+        self._io = device.io if device is not None else BundleIO(bundle)
+        self._names = [t["name"] for t in bundle.manifest["inputs"]]
+        self._ranges = (bundle.manifest.get("calibration") or {}).get("input_ranges")
+        self._check_model = options.check_model
+        self._model_checked: tuple[CloudError, float] | bool = False
+        if self.policy.max_clipped is not None and not self._ranges:
+            log.warning("bundle %r records no calibration input ranges (quantize it again with this edgesdk): the "
+                        "clipped-share signal is off, out_of_range never escalates", bundle.name)
+        calibrated_on = (bundle.manifest.get("hybrid") or {}).get("device_artifact")
+        if calibrated_on and device is not None and calibrated_on != device.placement.artifact:
+            log.warning("the escalation threshold of %r was calibrated on %s; this device runs %s", bundle.name,
+                        calibrated_on, device.placement.artifact)
+        self.placement = device.placement if device is not None else None
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self._io.labels
+
+    def predict(self, x: Any, mode: str | None = None) -> Any:
+        """Predict one input (as :meth:`edgesdk.Model.predict` takes it) in this model's mode, or ``mode``."""
+        mode = self.mode if mode is None else HybridMode.parse(mode, "hybrid mode", InputError)
+        t0 = time.perf_counter()
+        feeds = self._io.feeds(x)
+        if mode == HybridMode.DEVICE_ONLY:
+            return self._device(feeds, t0)
+        if mode == HybridMode.CLOUD_ONLY:
+            return self._cloud(feeds, t0, None)
+        if mode == HybridMode.PREFER_CLOUD:
+            try:
+                return self._cloud(feeds, t0, None)
+            except Exception as exc:  # the client raises CloudError; anything else must not lose the answer either
+                try:
+                    result = self._device(feeds, t0)
+                except Exception as device_exc:
+                    raise device_exc from exc
+                return replace(result, degraded=True, cloud_error=_reason(exc))
+        # prefer-device
+        if self.device is None:
+            return self._escalate(feeds, t0, _device_reason(self.device_error), None, self.device_error)
+        try:
+            result = self._device(feeds, t0)
+        except BudgetExceeded as exc:  # a thermal refusal (or escalation) at this moment
+            return self._escalate(feeds, t0, EscalationReason.coerce(exc.reason), None, exc)
+        except BackendUnavailable as exc:  # the backend failed on this input (run_failed): the cloud takes it
+            return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc)
+        probabilities = self._io.probabilities(result.outputs)
+        sig = signals(probabilities, feeds, self._ranges)
+        result.signals = sig
+        reason = self.policy.reason(sig)
+        if reason is None:
+            return result
+        return self._escalate(feeds, t0, reason, result, None)
+
+    def predict_batch(self, xs: Sequence[Any], mode: str | None = None) -> list[Any]:
+        return [self.predict(x, mode) for x in xs]
+
+    # -- the two sources -------------------------------------------------------------------------------------
+    def _device(self, feeds: list[np.ndarray], t0: float) -> Any:
+        if self.device is None:
+            if self.device_error is not None:
+                raise _copy(self.device_error) from self.device_error  # a fresh one per call: no shared traceback
+            raise BackendUnavailable(BackendReason.NO_BACKEND, f"no device backend serves {self.bundle.name!r}")
+        return self.device.run_prepared(feeds, t0)
+
+    def _cloud(self, feeds: list[np.ndarray], t0: float, reason: EscalationReason | None) -> Any:
+        # One deadline for everything this answer needs from the cloud (the model check, once, and the call).
+        end = self.cloud.clock() + self.cloud.deadline_s
+        self._ensure_model_checked(self.cloud.deadline_s)
+        t1 = time.perf_counter()
+        remaining = end - self.cloud.clock()
+        if remaining <= 0:
+            raise CloudTimeout(CloudReason.TIMEOUT, f"checking the cloud model of {self.bundle.name!r} used up the "
+                                                    f"deadline ({self.cloud.deadline_s:g} s)")
+        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining)
+        t2 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
+        return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,
+                      _topk=self._io.top)
+
+    def _escalate(self, feeds, t0, reason: EscalationReason, device_result: Any,
+                  device_failure: Exception | None) -> Any:
+        try:
+            result = self._cloud(feeds, t0, reason)
+        except Exception as exc:  # CloudError from the client; anything else must not lose the device's answer
+            if device_result is None:
+                # Neither side can answer: the device's own refusal is the error, with the cloud's chained.
+                raise (_copy(device_failure) if device_failure is not None else exc) from exc
+            device_result.degraded = True
+            device_result.escalation_reason = reason
+            device_result.cloud_error = _reason(exc)
+            return device_result
+        if device_result is not None:
+            result.signals = device_result.signals
+        return result
+
+    def _ensure_model_checked(self, deadline_s: float) -> None:
+        """Compare the cloud model's inputs with the bundle's, once. A mismatch stays a mismatch (every later
+        escalation fails at once); another failure is asked again after ``RECHECK_S``."""
+        if not self._check_model or self._model_checked is True:
+            return
+        failed = self._model_checked
+        if isinstance(failed, tuple):
+            error, at = failed
+            if error.reason == CloudReason.MODEL_MISMATCH or time.monotonic() - at < RECHECK_S:
+                raise _copy(error) from error
+        try:
+            self.cloud.check_inputs(self.bundle.manifest["inputs"], deadline_s=deadline_s)
+        except CloudError as exc:
+            if exc.reason in (CloudReason.MODEL_MISMATCH, CloudReason.REJECTED, CloudReason.BAD_RESPONSE):
+                self._model_checked = (exc, time.monotonic())  # an outage is asked again at once, these are not
+            raise
+        self._model_checked = True
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.device is not None:
+            self.device.close()
+        if self._owns_cloud:
+            self.cloud.close()
+
+    def __repr__(self) -> str:
+        where = self.device.placement if self.device is not None else f"no device ({self.device_error})"
+        return f"<edgesdk.HybridModel {self.bundle.name!r} {self.mode}, device: {where}, cloud: {self.cloud!r}>"
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "reason", None) or type(exc).__name__
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A new exception equal to ``exc`` (our errors keep their fields), to raise without sharing a traceback."""
+    if isinstance(exc, BudgetExceeded):
+        return BudgetExceeded(exc.reason, exc.detail, exc.needed, exc.available)
+    if isinstance(exc, BackendUnavailable):
+        return BackendUnavailable(exc.reason, exc.detail)
+    if isinstance(exc, CloudError):
+        return type(exc)(exc.reason, exc.detail, exc.status, exc.attempts)
+    return exc
+
+
+def _device_reason(error: Exception | None) -> EscalationReason:
+    if isinstance(error, BudgetExceeded):
+        return EscalationReason.coerce(error.reason)
+    return EscalationReason.NO_BACKEND
+
+
+__all__ = ["MODES", "SIGNALS", "DEFAULT_THRESHOLDS", "signals", "EscalationPolicy", "HybridOptions", "HybridModel"]

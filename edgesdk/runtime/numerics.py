@@ -1,0 +1,57 @@
+"""The numerics self-check: a loaded backend must reproduce the bundle's golden outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..bundle.reader import Bundle
+from ..engines import Engine
+from ..errors import BackendUnavailable, EdgeSDKError, InputError
+
+
+def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.ndarray]]:
+    count = len(golden["input_0"])
+    return [[golden[f"input_{j}"][i : i + 1] for j in range(n_inputs)] for i in range(count)]
+
+
+def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
+    """Run every golden input; raise ``numerics_mismatch`` when an output is off by more than the tolerance.
+
+    Catches a broken delegate or kernel, and an artifact damaged in a way its checksum does not show.
+    """
+    golden = bundle.golden()
+    tolerance = (bundle.manifest.get("golden") or {}).get("tolerance", {}).get(artifact_id)
+    if tolerance is None:
+        return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
+    n_out = len(bundle.manifest["outputs"])
+    worst = 0.0
+    where = f"{artifact_id} on {engine.name}:{engine.device}"
+    for i, feeds in enumerate(golden_feeds(golden, len(bundle.manifest["inputs"]))):
+        try:
+            outs = engine.run(feeds)
+        except InputError as exc:  # the artifact does not take the bundle's own inputs: it is not this bundle's model
+            raise BackendUnavailable("numerics_mismatch", f"{where} does not take the bundle's golden input {i}: "
+                                                          f"{exc}") from exc
+        except EdgeSDKError:
+            raise
+        except Exception as exc:  # a delegate that throws at its first run is a broken backend, not a crash
+            raise BackendUnavailable("run_failed", f"{where} failed on golden input {i}: {exc}") from exc
+        if len(outs) < n_out:
+            raise BackendUnavailable("numerics_mismatch", f"{where} returned {len(outs)} outputs; the bundle has {n_out}")
+        for j in range(n_out):
+            ref = golden[f"output_{j}"][i : i + 1]
+            got = np.asarray(outs[j], dtype=np.float32)
+            if got.size != ref.size:
+                raise BackendUnavailable("numerics_mismatch", f"{where} output {j} has shape {list(got.shape)}; "
+                                                              f"the golden output has {list(ref.shape)}")
+            got = got.reshape(ref.shape)
+            err = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
+            worst = max(worst, err)
+            if not err <= tolerance:
+                raise BackendUnavailable(
+                    "numerics_mismatch",
+                    f"{artifact_id} on {engine.name}:{engine.device} is off by {err:.4g} on golden input {i} "
+                    f"output {j} (tolerance {tolerance:.4g})")
+    return {"checked": True, "max_abs_error": worst, "tolerance": float(tolerance), "inputs": len(golden["input_0"])}

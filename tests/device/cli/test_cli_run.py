@@ -1,0 +1,171 @@
+"""``edgesdk devices`` and ``edgesdk run``, run as a user runs them: the console script in a subprocess."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgesdk.runtime.profiles import load_profile
+from support import fail_validation
+
+SCRIPT = Path(sys.executable).parent / "edgesdk"
+ENGINES = {"litert": "ai-edge-litert", "openvino": "openvino", "onnxruntime": "onnxruntime"}
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb", "EDGESDK_CACHE_DIR": str(tmp_path / "c")}
+
+    def run(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([str(SCRIPT), *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def images(digits_images) -> list[Path]:
+    return [sorted((digits_images / "val" / d).glob("*.png"))[0] for d in ("3", "8")]
+
+
+def test_devices(run_cli):
+    proc = run_cli("devices")
+    assert proc.returncode == 0, proc.stderr
+    for engine, dist in ENGINES.items():
+        assert f"{engine} {md.version(dist)}" in proc.stdout
+    assert "CPU" in proc.stdout
+    assert "platform profile: " in proc.stdout
+
+
+def test_devices_json(run_cli):
+    proc = run_cli("devices", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    engines = {e["engine"]: e for e in data["engines"]}
+    assert set(engines) == set(ENGINES)
+    for engine, dist in ENGINES.items():
+        found = engines[engine]
+        assert found["version"] == md.version(dist)
+        assert any(d["kind"] == "CPU" for d in found["devices"]), found
+        assert all(d["kind"] in ("NPU", "GPU", "CPU") and d["engine"] == engine for d in found["devices"])
+        assert isinstance(found["notes"], list)
+    # a device this machine lacks is explained, not just absent
+    assert any(n.startswith("NPU") for e in engines.values() for n in e["notes"])
+    assert load_profile(data["profile"]["name"]).name == data["profile"]["name"]
+    assert isinstance(data["profile"]["matched"], list)
+
+
+def test_run_json(run_cli, digits_bundle, images, tmp_path):
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((1, 1, 8, 8), np.float32))
+    proc = run_cli("run", digits_bundle.bundle, *images, npy, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    pl = data["placement"]
+    assert pl["engine"] in ENGINES and pl["device"] and pl["kind"] == "CPU"
+    assert pl["artifact"] in {a["id"] for a in digits_bundle.manifest["artifacts"]}
+    assert isinstance(pl["skipped"], list) and pl["numerics"]["checked"] is True
+    assert [r["input"] for r in data["results"]] == [str(p) for p in [*images, npy]]
+    for r in data["results"]:
+        assert r["source"] == "device"
+        assert r["top"][0]["label"] in [str(i) for i in range(10)]
+        assert 0 < r["top"][0]["score"] <= 1
+        assert set(r["timings_ms"]) == {"preprocess", "inference", "postprocess"}
+    assert [r["top"][0]["label"] for r in data["results"][:2]] == ["3", "8"]
+
+
+def test_run_json_with_options(run_cli, digits_bundle, images):
+    proc = run_cli("run", digits_bundle.bundle, images[0], "--json", "--policy", "cpu-only", "--engine", "openvino",
+                   "--artifact", "openvino-fp32", "--no-check")
+    assert proc.returncode == 0, proc.stderr
+    pl = json.loads(proc.stdout)["placement"]
+    assert (pl["engine"], pl["artifact"], pl["policy"]) == ("openvino", "openvino-fp32", "cpu-only")
+    assert pl["numerics"]["checked"] is False
+
+
+def test_run_text(run_cli, digits_bundle, images):
+    proc = run_cli("run", digits_bundle.bundle, images[0], "--engine", "openvino", "--device", "GPU")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("placement: ") and "executing on" in lines[0]
+    assert any(line.startswith("  numerics: ") for line in lines)
+    assert any(line.startswith("  skipped openvino:GPU:") for line in lines)
+    assert lines[-1].startswith(f"{images[0]}: 3: ") and "[device, " in lines[-1]
+
+
+def test_run_require_npu_fails_with_the_reason(run_cli, digits_bundle, images):
+    proc = run_cli("run", digits_bundle.bundle, images[0], "--require", "NPU", "--json")
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert "error: BackendUnavailable: device_missing: no engine reports a NPU device" in proc.stderr
+    assert "reason: device_missing" in proc.stderr.splitlines()
+
+
+def test_run_unknown_policy(run_cli, digits_bundle, images):
+    proc = run_cli("run", digits_bundle.bundle, images[0], "--policy", "fastest")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: InputError: unknown policy 'fastest'")
+
+
+def test_run_bad_image(run_cli, digits_bundle, tmp_path):
+    (tmp_path / "x.png").write_text("text")
+    proc = run_cli("run", digits_bundle.bundle, tmp_path / "x.png")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "error: InputError: " in proc.stderr and "x.png is not a readable image" in proc.stderr
+
+
+# -- artifacts that failed their validation gate -----------------------------------------------------------
+
+GATE = "accuracy drop 1.48 points > max 0.5 at quantize time"
+
+
+@pytest.fixture
+def failed_int8(bundle_copy):
+    fail_validation(bundle_copy, "onnxruntime-int8")
+    return bundle_copy
+
+
+def test_run_never_serves_a_failed_artifact_by_default(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--engine", "onnxruntime", "--json")
+    assert proc.returncode == 0, proc.stderr
+    pl = json.loads(proc.stdout)["placement"]
+    assert (pl["engine"], pl["artifact"]) == ("onnxruntime", "onnxruntime-fp32")
+    refused = [s for s in pl["skipped"] if s["reason"] == "validation_failed"]
+    assert refused and {s["artifact"] for s in refused} == {"onnxruntime-int8"} and refused[0]["detail"] == GATE
+    assert "warning:" not in proc.stderr
+
+
+def test_run_artifact_alone_refuses_a_failed_artifact_exit_2_naming_allow_failed(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--artifact", "onnxruntime-int8")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: BundleError: artifact 'onnxruntime-int8' of bundle 'digits' failed its "
+                           f"validation gate ({GATE})")
+    assert "--allow-failed" in line
+
+
+def test_run_allow_failed_serves_it_and_warns_on_stderr(run_cli, failed_int8, images):
+    proc = run_cli("run", failed_int8, images[0], "--artifact", "onnxruntime-int8", "--allow-failed", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["placement"]["artifact"] == "onnxruntime-int8"
+    assert f"warning: serving artifact 'onnxruntime-int8' of bundle 'digits', which failed its validation gate " \
+           f"({GATE}), because allow_failed is set" in proc.stderr.splitlines()
+
+
+def test_run_when_every_artifact_failed_exits_3_with_the_reason(run_cli, bundle_copy, images):
+    fail_validation(bundle_copy, *(a["id"] for a in json.loads((bundle_copy / "manifest.json").read_text())
+                                   ["artifacts"]))
+    proc = run_cli("run", bundle_copy, images[0])
+    assert proc.returncode == 3, proc.stderr
+    assert "reason: validation_failed" in proc.stderr.splitlines()
+    assert "re-quantize the bundle" in proc.stderr and "--allow-failed" in proc.stderr
