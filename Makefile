@@ -1,15 +1,17 @@
 # The two commands: `make demo` (set up, then quantize the digits sample) and `make test`.
 # Everything installs into .venv (and the cloud server into .venv-cloud); nothing is needed beforehand but python3 (>= 3.10).
+# Three distributions, one per side: edgesdk (pyproject.toml, the device), edgesdk-converters (converters/, the
+# workstation) and edgesdk-cloud (cloud/); each venv installs the device package and the sides it needs.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch goes in first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
-EXTRAS ?= convert,litert,openvino,onnxruntime,dev
+EXTRAS ?= litert,openvino,onnxruntime,dev
 # The cloud side (`edgesdk serve`, KServe) has its own venv: kserve pins protobuf < 7, which the converters need.
 CLOUD_VENV ?= .venv-cloud
-CLOUD_EXTRAS ?= cloud,cloud-dev,onnxruntime
+CLOUD_EXTRAS ?= onnxruntime
 # The device side alone, with bundle signatures (`trust`): model-signing 1.1 needs typing-extensions >= 4.14.1,
 # which litert-torch's xdsl pin (< 4.13) keeps out of .venv. It also shows the runtime installs without the converters.
 DEVICE_VENV ?= .venv-device
@@ -19,19 +21,19 @@ DEVICE_EXTRAS ?= onnxruntime,trust
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml converters/pyproject.toml cloud/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" -e ./converters -e ./cloud
 	touch $@
 
 setup-cloud: $(CLOUD_VENV)/.installed
 
-$(CLOUD_VENV)/.installed: pyproject.toml
+$(CLOUD_VENV)/.installed: pyproject.toml cloud/pyproject.toml
 	$(PYTHON) -m venv $(CLOUD_VENV)
 	$(CLOUD_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]"
+	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]" -e "./cloud[serve,dev]"
 	touch $@
 
 setup-device: $(DEVICE_VENV)/.installed
@@ -62,7 +64,7 @@ setup-isa:
 
 # Two runs: everything in .venv, then the signature tests (marked `trust`) in the device venv.
 test: setup setup-cloud setup-device setup-isa
-	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" $(PY) -m pytest -q -m "not trust"
+	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" EDGESDK_DEVICE_VENV="$(abspath $(DEVICE_VENV))" $(PY) -m pytest -q -m "not trust"
 	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/device/trust
 
 bench: setup

@@ -32,6 +32,16 @@ from .choices import BackendReason, BudgetReason, CloudReason
 class EdgeSDKError(Exception):
     """Base of every error edgesdk raises on purpose."""
 
+    def to_dict(self) -> dict[str, str]:
+        """The error as data (``edgesdk run --json``, logs): its type, its ``reason`` where it has one (the enum's
+        string) and the human detail."""
+        out = {"type": type(self).__name__}
+        reason = getattr(self, "reason", None)
+        if reason is not None:
+            out["reason"] = str(reason)
+        out["detail"] = getattr(self, "detail", None) or str(self)
+        return out
+
 
 class BundleError(EdgeSDKError):
     """A bundle cannot be trusted or read: missing/altered file, bad manifest, path escape. Also an artifact asked

@@ -1,10 +1,13 @@
 """The ``edgesdk`` command line: a thin layer over the public functions, one module per side.
 
-- :mod:`.device`: ``devices``, ``run``, ``bench``, ``inspect``, ``keygen``/``sign``/``verify``/``pack``.
-- :mod:`.workstation`: ``quantize``, ``demo``, ``calibrate-escalation`` (the converters, imported lazily).
-- :mod:`.cloud`: ``serve``, ``export kserve|triton`` (the cloud package ``edgesdk_cloud``, imported lazily).
+- :mod:`.device` (here): ``devices``, ``run``, ``bench``, ``inspect``, ``keygen``/``sign``/``verify``/``pack``.
+- :mod:`edgesdk_converters.cli` (the ``edgesdk-converters`` distribution): ``quantize``, ``demo``,
+  ``calibrate-escalation``.
+- :mod:`edgesdk_cloud.cli` (the ``edgesdk-cloud`` distribution): ``serve``, ``export kserve|triton``.
 
-A device needs neither the converters nor the cloud package: importing this package imports neither.
+The other sides come in through the ``edgesdk.cli`` entry point group (:mod:`._app`), imported only when one of
+their commands runs or the command list is shown: a device needs neither, and running a device command imports
+neither.
 """
 
 from __future__ import annotations
@@ -12,13 +15,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import BackendUnavailable, BudgetExceeded, EdgeSDKError, ValidationFailed
-# Each module registers its commands on the app, in this order in --help: workstation, device, cloud.
-from . import workstation  # noqa: F401  # isort: skip
-from . import device  # noqa: F401  # isort: skip
-from . import cloud  # noqa: F401  # isort: skip
+from . import device  # noqa: F401  (registers the device's commands on the app)
 from ._app import app
 
-__all__ = ["app", "main", "cloud", "device", "workstation"]
+__all__ = ["app", "main", "device"]
 
 def _show_failed_artifact_warnings() -> None:
     """Print every :class:`FailedArtifactWarning` (an artifact that failed its validation gate served under

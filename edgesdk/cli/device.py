@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import BackendUnavailable, BudgetExceeded, CloudError, InputError
+from ..errors import BackendUnavailable, BudgetExceeded, CloudError, EdgeSDKError, InputError
 from ._app import app
 
 
@@ -258,20 +258,12 @@ def run(
     With --mode other than device-only and --cloud URL, hard inputs (or all, per the mode) go to the cloud; each
     result says its source, why it escalated and whether it is degraded (the cloud failed, the device answered).
     Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
-    import numpy as np
-
-    from ..errors import InputError
     from ..runtime.loading import load
 
-    arrays = {}
-    for p in inputs:  # read every input before the (slow) load: a typo fails fast
-        if not p.is_file():
-            raise InputError(f"input not found: {p}")
-        if p.suffix == ".npy":
-            try:
-                arrays[p] = np.load(p, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise InputError(f"{p} is not a readable .npy array: {exc}") from exc
+    prepared = {p: _read_input(p) for p in inputs}  # before the (slow) load: a typo fails fast
+    unreadable = [v for v in prepared.values() if isinstance(v, InputError)]
+    if len(unreadable) == len(inputs):
+        raise unreadable[0]
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
     hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
@@ -279,12 +271,19 @@ def run(
                  memory_mb=memory_mb, thermal=governor, **hybrid)
     results: list = []
     with model:
-        for p in inputs:
+        for p in inputs:  # one answer per input: a refused or unreadable one does not hide the others
+            value = prepared[p]
+            if isinstance(value, InputError):
+                results.append(value)
+                continue
             try:
-                results.append(model.predict(arrays.get(p, p)))
-            except (BudgetExceeded, CloudError, BackendUnavailable) as exc:  # an answer for this input, not a crash
+                results.append(model.predict(value))
+            except (InputError, BudgetExceeded, CloudError, BackendUnavailable) as exc:
                 results.append(exc)
+    if all(isinstance(r, InputError) for r in results):
+        raise results[0]  # nothing usable: an error, as for one bad input
     refused = any(isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)) for r in results)
+    bad_input = any(isinstance(r, InputError) for r in results)
     device_model = getattr(model, "device", model)  # a HybridModel's device side (None: no device backend)
     if as_json:
         rows = []
@@ -292,14 +291,13 @@ def run(
             if isinstance(r, BudgetExceeded):
                 rows.append({"input": str(p), "source": None, "top": [],
                              "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
-            elif isinstance(r, (CloudError, BackendUnavailable)):
-                rows.append({"input": str(p), "source": None, "top": [],
-                             "error": {"type": type(r).__name__, "reason": r.reason, "detail": r.detail}})
+            elif isinstance(r, EdgeSDKError):
+                rows.append({"input": str(p), "source": None, "top": [], "error": r.to_dict()})
             else:
-                rows.append({"input": str(p), "source": r.source, "escalation_reason": r.escalation_reason,
-                             "degraded": r.degraded, "cloud_error": r.cloud_error, "signals": r.signals,
-                             "backend": _backend(r.placement) if r.source == "device" else cloud,
-                             "top": [t._asdict() for t in r.top], "timings_ms": r.timings_ms, "budget": r.budget})
+                row = {"input": str(p), **r.to_dict()}
+                if r.source == "cloud":
+                    row["backend"] = cloud
+                rows.append(row)
         memory_state = device_model.budget.get("memory") if device_model is not None else None
         state = {"memory": memory_state, "thermal": governor.state() if governor else None}
         placement = device_model.placement.to_dict() if device_model is not None else None
@@ -309,8 +307,7 @@ def run(
                              "signal": model.policy.signal,
                              "device_error": str(model.device_error) if model.device_error else None}
         print(json.dumps(out, indent=2, default=str))
-        if refused:
-            raise typer.Exit(3)
+        _exit(refused, bad_input)
         return
     if mode != "device-only":
         print(f"hybrid: {mode} with {cloud} (escalates when {model.policy.signal} crosses "
@@ -340,10 +337,16 @@ def run(
         st = governor.state()
         print(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
     for p, r in zip(inputs, results):
+        if isinstance(r, InputError):
+            print(f"{p}: error: {r}")
+            continue
         if isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)):
             print(f"{p}: refused ({r.reason}): {r.detail}")
             continue
-        top = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
+        if r.top:
+            answer = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
+        else:  # not a classifier: say what came out
+            answer = "outputs " + ", ".join(f"{list(o.shape)} {o.dtype}" for o in r.outputs)
         action = r.budget.get("action")
         notes = [f"{r.timings_ms.get('inference', r.timings_ms.get('cloud', 0.0)):.3f} ms"]
         if action:
@@ -354,6 +357,28 @@ def run(
             notes.append(f"escalated: {r.escalation_reason}")
         if r.degraded:
             notes.append(f"degraded: cloud {r.cloud_error}")
-        print(f"{p}: {top}  [{r.source}, {', '.join(notes)}]")
+        print(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
+    _exit(refused, bad_input)
+
+
+def _read_input(path: Path):
+    """An input of ``edgesdk run``: a .npy array read here, an image path checked to exist (the model decodes it),
+    or the :class:`InputError` saying why it cannot be used."""
+    import numpy as np
+
+    if not path.is_file():
+        return InputError(f"input not found: {path}")
+    if path.suffix != ".npy":
+        return path
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        return InputError(f"{path} is not a readable .npy array: {exc}")
+
+
+def _exit(refused: bool, bad_input: bool) -> None:
+    """Exit 3 when a budget, the backend or the cloud refused an input, 2 when an input was unusable."""
     if refused:
         raise typer.Exit(3)
+    if bad_input:
+        raise typer.Exit(2)

@@ -56,11 +56,20 @@ class Result:
             self.timings_ms["postprocess"] = (time.perf_counter() - t0) * 1e3
         return self._top
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "escalation_reason": self.escalation_reason, "degraded": self.degraded,
-                "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
-                "timings_ms": self.timings_ms, "outputs": [o.tolist() for o in self.outputs],
-                "budget": thaw(self.budget)}
+    def to_dict(self, outputs: bool = True) -> dict[str, Any]:
+        """Plain data (JSON-ready): everything above, with ``backend`` (``engine:device:artifact``, None when the
+        cloud answered) and the raw outputs as nested lists with their shapes (``outputs=False`` leaves them out)."""
+        where = self.placement
+        out = {"source": self.source,
+               "backend": f"{where.engine}:{where.device}:{where.artifact}" if self.source == "device" and
+               where is not None else None,
+               "escalation_reason": self.escalation_reason, "degraded": self.degraded,
+               "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
+               "timings_ms": dict(self.timings_ms), "budget": thaw(self.budget)}
+        if outputs:
+            out["output_shapes"] = [list(o.shape) for o in self.outputs]
+            out["outputs"] = [o.tolist() for o in self.outputs]
+        return out
 
 
 __all__ = ["Result", "Top"]

@@ -112,7 +112,7 @@ def main() -> None:
     global WORK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cloud-venv", type=Path, default=Path(os.environ.get("EDGESDK_CLOUD_VENV", REPO / ".venv-cloud")),
-                    help="the venv with edgesdk[cloud] (make setup-cloud)")
+                    help="the venv with edgesdk-cloud[serve] (make setup-cloud)")
     ap.add_argument("--workdir", type=Path, default=WORK, help="where the images and bundles are (or go)")
     ap.add_argument("--json", action="store_true", help="also print the summary as one JSON line at the end")
     args = ap.parse_args()

@@ -78,6 +78,34 @@ def test_run_json(run_cli, digits_bundle, images, tmp_path):
         assert 0 < r["top"][0]["score"] <= 1
         assert set(r["timings_ms"]) == {"preprocess", "inference", "postprocess"}
     assert [r["top"][0]["label"] for r in data["results"][:2]] == ["3", "8"]
+    for r in data["results"]:  # the raw outputs too, as Result.to_dict gives them
+        assert r["output_shapes"] == [[1, 10]] and len(r["outputs"][0][0]) == 10
+        assert r["backend"] == f"{pl['engine']}:{pl['device']}:{pl['artifact']}"
+
+
+def test_run_answers_every_good_input_when_one_is_bad(run_cli, digits_bundle, images, tmp_path):
+    """a.png bad.png c.png: the good ones are answered, the bad one says why, the exit code says one failed."""
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a png")
+    missing = tmp_path / "missing.png"
+    proc = run_cli("run", digits_bundle.bundle, images[0], bad, missing, images[1], "--json")
+    assert proc.returncode == 2, proc.stderr
+    rows = json.loads(proc.stdout)["results"]
+    assert [r["input"] for r in rows] == [str(images[0]), str(bad), str(missing), str(images[1])]
+    assert [r["top"][0]["label"] for r in (rows[0], rows[3])] == ["3", "8"]
+    assert rows[1]["error"]["type"] == "InputError" and "bad.png" in rows[1]["error"]["detail"]
+    assert rows[2]["error"] == {"type": "InputError", "detail": f"input not found: {missing}"}
+    text = run_cli("run", digits_bundle.bundle, images[0], bad, images[1])
+    assert text.returncode == 2
+    lines = [line for line in text.stdout.splitlines() if line.startswith(str(tmp_path)) or line.startswith(
+        str(images[0].parent.parent))]
+    assert any(line.startswith(f"{bad}: error: ") for line in text.stdout.splitlines()), text.stdout
+    assert sum(line.startswith((str(images[0]), str(images[1]))) for line in text.stdout.splitlines()) == 2, lines
+
+
+def test_run_with_only_unreadable_inputs_fails_before_loading(run_cli, digits_bundle, tmp_path):
+    proc = run_cli("run", digits_bundle.bundle, tmp_path / "nothing.png")
+    assert proc.returncode == 2 and "input not found" in proc.stderr and "placement" not in proc.stdout
 
 
 def test_run_json_with_options(run_cli, digits_bundle, images):

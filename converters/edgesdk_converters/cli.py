@@ -1,5 +1,8 @@
-"""The workstation's commands: ``quantize``, ``demo``, ``calibrate-escalation``. They import the converters
-(``edgesdk_converters``, with torch, nncf and litert-torch) inside the command, never at import time."""
+"""The workstation's ``edgesdk`` commands: ``quantize``, ``demo``, ``calibrate-escalation``.
+
+The ``edgesdk`` command finds this module through the ``edgesdk.cli`` entry point of this distribution
+(``edgesdk-converters``) and imports it only to run or list one of its commands. It imports the converters
+(torch, nncf, litert-torch) inside each command, never at import time, so ``edgesdk --help`` stays fast."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import ConversionError
-from ._app import app
+from edgesdk.errors import ConversionError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+app = typer.Typer(help="The workstation: quantize a float model into a validated bundle.")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout: converters/edgesdk_converters/cli.py
 
 
 def _targets(value: Optional[str]) -> Optional[List[str]]:
@@ -49,7 +53,7 @@ def _converters():
                if importlib.util.find_spec(m) is None]
     if missing:
         raise ConversionError(f"this command runs on the workstation and needs {', '.join(missing)} "
-                              "(pip install torch==2.13.0, then pip install 'edgesdk[convert]')")
+                              "(pip install torch==2.13.0, then pip install edgesdk-converters)")
     from edgesdk_converters.quantize import quantize
 
     return quantize
@@ -155,7 +159,7 @@ def calibrate_escalation(
 
     if importlib.util.find_spec("edgesdk_converters") is None or importlib.util.find_spec("tqdm") is None:
         raise ConversionError("calibrate-escalation runs on the workstation and needs the converters "
-                              "(pip install 'edgesdk[convert]')")
+                              "(pip install edgesdk-converters)")
     from edgesdk_converters.escalation import calibrate_escalation as run_calibration
 
     def say(text: str) -> None:

@@ -1,4 +1,8 @@
-"""The cloud side's commands: ``serve`` and ``export kserve|triton``, importing ``edgesdk_cloud`` inside the command."""
+"""The cloud side's ``edgesdk`` commands: ``serve`` and ``export kserve|triton``.
+
+The ``edgesdk`` command finds this module through the ``edgesdk.cli`` entry point of this distribution
+(``edgesdk-cloud``) and imports it only to run or list one of its commands; kserve is imported when a server
+starts, never here."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from ._app import app
+app = typer.Typer(help="The cloud side of hybrid mode: serve a bundle, export its deployment.")
 
 
 @app.command()
