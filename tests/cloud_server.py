@@ -53,15 +53,26 @@ def call(url: str, body: dict | None = None, headers: dict[str, str] | None = No
     return status, json.loads(raw) if raw else None
 
 
+# ``edgesdk_cloud.server.serve(bundle, port=..., **options)`` in the cloud venv: options the command line lacks.
+SERVE_API = "import json, sys; from edgesdk_cloud.server import serve; " \
+            "serve(sys.argv[1], port=int(sys.argv[2]), **json.loads(sys.argv[3]))"
+
+
 class CloudServer:
     """``edgesdk serve BUNDLE ARGS...`` from the cloud venv, on a free port; a context manager.
 
-    Entering waits for ``/v2/health/ready`` (failing with the server's log when it does not come); leaving
-    sends SIGTERM and waits for the exit.
+    With ``options`` (keyword arguments of :func:`edgesdk_cloud.server.serve`, JSON values), the server is started
+    by calling that function instead of the command, and ``args`` must be empty. Entering waits for
+    ``/v2/health/ready`` (failing with the server's log when it does not come); leaving sends SIGTERM and waits for
+    the exit.
     """
 
-    def __init__(self, bundle: Path, *args: str, log_dir: Path, host: str = "127.0.0.1"):
+    def __init__(self, bundle: Path, *args: str, log_dir: Path, host: str = "127.0.0.1",
+                 options: dict[str, Any] | None = None):
+        if options is not None and args:
+            raise ValueError("give command-line args or API options, not both")
         self.bundle = bundle
+        self.options = None if options is None else {**options, **({"host": host} if host != "127.0.0.1" else {})}
         self.args = [*args] + (["--host", host] if host != "127.0.0.1" else [])
         self.host = host
         self.port = free_port(host)
@@ -71,8 +82,12 @@ class CloudServer:
         self.returncode: int | None = None
 
     def __enter__(self) -> "CloudServer":
-        command = [str(cloud_venv() / "bin" / "edgesdk"), "serve", str(self.bundle), "--port", str(self.port),
-                   *self.args]
+        if self.options is None:
+            command = [str(cloud_venv() / "bin" / "edgesdk"), "serve", str(self.bundle), "--port", str(self.port),
+                       *self.args]
+        else:
+            command = [str(cloud_venv() / "bin" / "python"), "-c", SERVE_API, str(self.bundle), str(self.port),
+                       json.dumps(self.options)]
         with open(self.log, "wb") as log:  # a file, not a pipe: a chatty server never blocks on a full pipe
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent)
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -11,18 +11,20 @@ The served model, named after the bundle's manifest ``name``:
 - a request gives exactly the manifest's inputs, each with its datatype and shape (any batch size N >= 1 where the
   batch shows as -1); anything else is refused with 400 ``{"error": ...}`` naming what was expected and what came;
 - artifacts are compiled for batch 1, so a batch of N runs N times and the outputs are stacked;
-- requests run one at a time on the engine (engines are not thread-safe), off the event loop.
+- requests run one at a time on the engine (engines are not thread-safe), off the event loop;
+- a request is bounded before it is read (:class:`~edgesdk_cloud.limits.ServeLimits`: body bytes, batch size, body
+  time, requests held at once); NaN or infinite inputs are refused with 400;
+- the model-repository API (load, unload) is off unless ``repository_token`` is given (:mod:`edgesdk_cloud.gate`);
+  the server is ready only while the model's engine is open (:mod:`edgesdk_cloud.modelserver`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import sys
 import threading
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,7 +33,10 @@ import numpy as np
 from edgesdk.bundle.reader import Artifact, Bundle
 from edgesdk.hybrid.client import DATATYPES
 from edgesdk.hybrid.served_artifact import serving_artifact
-from edgesdk.errors import BackendUnavailable, BundleError, InputError
+from edgesdk.errors import BundleError, InputError
+
+from .limits import BODY_TIMEOUT_S, MAX_PENDING, ServeLimits
+from .modelserver import import_kserve, model_server_class, require_kserve
 
 # numpy dtype name -> V2 datatype, from the client's table (one table for both sides of the wire)
 V2_DATATYPES = {np.dtype(t).name: name for name, t in DATATYPES.items()}
@@ -64,14 +69,17 @@ class BundleSignature:
     def metadata(self, tensors: Sequence[V2Tensor]) -> list[dict[str, Any]]:
         return [{"name": t.name, "datatype": t.datatype, "shape": self.shape(t)} for t in tensors]
 
-    def feeds(self, given: Sequence[Any]) -> tuple[list[np.ndarray], int]:
+    def feeds(self, given: Sequence[Any], max_batch: int | None = None) -> tuple[list[np.ndarray], int]:
         """The request's arrays in manifest input order, and the batch size.
 
         ``given`` are V2 request inputs (``name``, ``datatype``, ``shape``, ``as_numpy()``). Raises
-        :class:`InputError` naming the expected and the received name, datatype or shape.
+        :class:`InputError` naming the expected and the received name, datatype or shape, a batch over
+        ``max_batch`` (checked before the data is converted), or values that are NaN or infinite.
         """
         by_name: dict[str, Any] = {}
         for inp in given:
+            if not isinstance(inp.name, str):
+                raise InputError(f"input names are strings; got {type(inp.name).__name__}")
             if inp.name in by_name:
                 raise InputError(f"input {inp.name!r} is given twice")
             by_name[inp.name] = inp
@@ -91,12 +99,21 @@ class BundleSignature:
             if not self._fits(spec, shape):
                 batch = " (-1: a batch of 1 or more)" if self.batched else ""
                 raise InputError(f"input {spec.name!r} must have shape {self.shape(spec)}{batch}; got {shape}")
+            size = shape[0] if self.batched else 1
+            if max_batch is not None and size > max_batch:
+                raise InputError(f"input {spec.name!r} has a batch of {size}; this server takes at most {max_batch} "
+                                 f"per request (max_batch): split the request")
             try:
-                feeds.append(inp.as_numpy())
-            except ValueError as exc:  # too few/many values for the shape, or values that are not numbers
+                array = inp.as_numpy()
+            except (ValueError, TypeError, OverflowError) as exc:  # too few/many values, or values not numbers
                 raise InputError(f"input {spec.name!r}: its data does not fill shape {shape} as {spec.datatype}: "
                                  f"{exc}") from exc
-            batches.add(shape[0] if self.batched else 1)
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                first = int(np.flatnonzero(~np.isfinite(array.ravel()))[0])
+                raise InputError(f"input {spec.name!r} holds NaN or infinite values (the first at flat index "
+                                 f"{first}); the model takes finite numbers")
+            feeds.append(array)
+            batches.add(size)
         if len(batches) > 1:
             raise InputError(f"the inputs of one request share a batch size; got {sorted(batches)}")
         return feeds, batches.pop()
@@ -108,7 +125,7 @@ class BundleSignature:
                 raise InputError(f"model {self.model!r} has no output named {out.name!r} (outputs: {', '.join(names)})")
 
     def _fits(self, spec: V2Tensor, shape: list[int]) -> bool:
-        if len(shape) != len(spec.shape):
+        if len(shape) != len(spec.shape) or not all(type(d) is int for d in shape):
             return False
         if self.batched:
             return shape[0] >= 1 and tuple(shape[1:]) == spec.shape[1:]
@@ -124,8 +141,15 @@ def _v2_tensor(entry: dict[str, Any], model: str) -> V2Tensor:
 
 
 def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127.0.0.1", port: int = 8080,
-          allow_failed: bool = False) -> None:
+          allow_failed: bool = False, repository_token: str | None = None, max_batch: int | None = None,
+          max_body_bytes: int | None = None, body_timeout_s: float = BODY_TIMEOUT_S,
+          max_pending: int = MAX_PENDING) -> None:
     """Serve the bundle's model at ``http://host:port/v2/models/<name>`` until SIGINT or SIGTERM (blocks).
+
+    ``repository_token`` turns on KServe's model-repository API (load, unload) for requests that carry it as a
+    bearer token (off without it). ``max_batch``, ``max_body_bytes`` (default: derived from the bundle's inputs, see
+    :mod:`edgesdk_cloud.limits`), ``body_timeout_s`` and ``max_pending`` bound each request (:class:`InputError`
+    for a value out of range).
 
     ``artifact`` is an artifact id (default: :func:`~edgesdk.hybrid.served_artifact.serving_artifact`). Raises
     :class:`BundleError` for a bad bundle or an unknown artifact id, :class:`BackendUnavailable` when kserve or the
@@ -136,16 +160,24 @@ def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127
     """
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InputError(f"port must be an integer from 1 to 65535, got {port!r}")
-    _require_kserve()  # before the bundle is read: the fix for a device install comes first
+    if repository_token is not None and (not isinstance(repository_token, str) or len(repository_token) < 16
+                                         or not repository_token.isprintable() or " " in repository_token):
+        raise InputError("repository_token must be at least 16 printable characters without spaces")
+    require_kserve()  # before the bundle is read: the fix for a device install comes first
     bundle = Bundle.open(bundle_path)
+    limits = ServeLimits.for_manifest(bundle.manifest, max_batch, max_body_bytes, body_timeout_s, max_pending)
     chosen = bundle.servable_artifact(artifact, allow_failed) if artifact is not None else serving_artifact(bundle)
     bundle.warn_if_failed(chosen.id)
-    model = _bundle_model_class()(bundle, chosen)
+    model = _bundle_model_class()(bundle, chosen, limits.max_batch)
     model.load()
-    server = _model_server_class()(host, http_port=port, workers=1, enable_grpc=False, enable_docs_url=False)
+    server = model_server_class()(host, limits, repository_token, http_port=port, workers=1, enable_grpc=False,
+                                  enable_docs_url=False)
     shown = f"[{host}]" if ":" in host else host
     print(f"edgesdk: serving {bundle.name!r} (artifact {chosen.id} on {chosen.engine}) at "
           f"http://{shown}:{port}/v2/models/{bundle.name}", file=sys.stderr, flush=True)
+    print(f"edgesdk: limits: batch <= {limits.max_batch}, body <= {limits.max_body_bytes} bytes within "
+          f"{limits.body_timeout_s:g} s, {limits.max_pending} requests at once; model repository API "
+          f"{'on (bearer token)' if repository_token else 'off'}", file=sys.stderr, flush=True)
     try:
         server.start([model])
     finally:
@@ -159,29 +191,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _require_kserve() -> None:
-    if importlib.util.find_spec("kserve") is None:
-        raise BackendUnavailable("kserve_missing", "edgesdk serve runs on the cloud side and needs KServe's "
-                                                   "ModelServer (pip install 'edgesdk[cloud]')")
-
-
-def _kserve():
-    """Import kserve. ``kserve.model_server`` parses ``sys.argv`` when imported (argparse ``parse_known_args``):
-    it is shown an empty command line, so ``edgesdk serve``'s own options never reach it, and every setting is
-    passed explicitly instead."""
-    _require_kserve()
-    argv = sys.argv
-    sys.argv = argv[:1]
-    try:
-        import kserve
-    finally:
-        sys.argv = argv
-    return kserve
-
-
 @functools.cache
 def _bundle_model_class() -> type:
-    kserve = _kserve()
+    kserve = import_kserve()
     from kserve.errors import InvalidInput, ModelNotReady
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
     from kserve.utils.utils import generate_uuid
@@ -193,10 +205,11 @@ def _bundle_model_class() -> type:
         raises ``kserve.errors.InvalidInput``, which the server answers with 400 ``{"error": ...}``.
         """
 
-        def __init__(self, bundle: Bundle, artifact: Artifact):
+        def __init__(self, bundle: Bundle, artifact: Artifact, max_batch: int | None = None):
             super().__init__(bundle.name)
             self.bundle = bundle
             self.artifact = artifact
+            self.max_batch = max_batch
             self.signature = BundleSignature(bundle.manifest)
             self._engine = None
             self._lock = threading.Lock()
@@ -207,10 +220,14 @@ def _bundle_model_class() -> type:
             return self.ready
 
         def stop(self) -> None:
-            engine, self._engine = self._engine, None
+            with self._lock:  # not under a running request
+                engine, self._engine = self._engine, None
+                self.ready = False
             if engine is not None:
                 engine.close()
-            self.ready = False
+
+        async def healthy(self) -> bool:
+            return self.ready and self._engine is not None
 
         def get_input_types(self) -> list[dict[str, Any]]:
             return self.signature.metadata(self.signature.inputs)
@@ -224,7 +241,7 @@ def _bundle_model_class() -> type:
                 raise InvalidInput(f"model {self.name!r} speaks the Open Inference Protocol V2 only: "
                                    f"POST /v2/models/{self.name}/infer")
             try:
-                feeds, batch = self.signature.feeds(payload.inputs)
+                feeds, batch = self.signature.feeds(payload.inputs, self.max_batch)
                 self.signature.check_outputs(payload.request_outputs)
                 arrays = await asyncio.get_running_loop().run_in_executor(None, self._run, feeds, batch)
             except InputError as exc:
@@ -247,33 +264,3 @@ def _bundle_model_class() -> type:
 
     BundleModel.__qualname__ = "BundleModel"
     return BundleModel
-
-
-@functools.cache
-def _model_server_class() -> type:
-    kserve = _kserve()
-    from kserve.protocol.rest.server import RESTServer
-
-    class HostModelServer(kserve.ModelServer):
-        """KServe's ModelServer, listening on ``host`` instead of every interface.
-
-        kserve (0.21) builds its RESTServer inside ``start()``, with ``host="0.0.0.0"`` written into the uvicorn
-        config (kserve/protocol/rest/server.py), and serves it in the same call. ``_serve()`` runs after that server
-        is built and before uvicorn binds, so the host is set there. Should kserve stop building the server that way,
-        serving is refused rather than left open on every interface.
-        """
-
-        def __init__(self, host: str, **options: Any):
-            super().__init__(**options)
-            self.host = host
-
-        async def _serve(self) -> None:
-            rest = getattr(self, "_rest_server", None)
-            if not isinstance(rest, RESTServer):
-                raise BackendUnavailable("kserve_unsupported", f"kserve {metadata.version('kserve')} does not build "
-                                         f"its REST server as edgesdk expects, so it cannot be bound to {self.host}")
-            rest.config.host = self.host
-            await super()._serve()
-
-    HostModelServer.__qualname__ = "HostModelServer"
-    return HostModelServer
