@@ -11,6 +11,12 @@ for a bad bundle, an unknown artifact id, or an artifact that failed its validat
 only with ``allow_failed``, then with a :class:`~edgesdk.errors.FailedArtifactWarning`; never the default),
 :class:`ConversionError` for an output or option that cannot be used.
 
+Every manifest string written into a generated file is checked first (:func:`~edgesdk_cloud.escaping.check_text`:
+one line of printable text, else :class:`BundleError` naming the field) and escaped where it is written (JSON or
+protobuf strings for values, :mod:`edgesdk_cloud.escaping` for comments and Markdown, shell quoting in commands).
+The KServe manifest's memory is derived from the request caps ``edgesdk serve`` enforces
+(:class:`~edgesdk_cloud.limits.ServeLimits`), with the arithmetic in a comment.
+
 Exporting writes text and copies files: this module imports nothing beyond the standard library and edgesdk, and
 runs wherever edgesdk is installed.
 """
@@ -18,10 +24,11 @@ runs wherever edgesdk is installed.
 from __future__ import annotations
 
 import json
-import math
 import re
+import shlex
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +39,15 @@ from edgesdk.bundle.reader import MANIFEST, Artifact, Bundle, safe_member
 from edgesdk.hybrid.served_artifact import serving_artifact
 from edgesdk.errors import BundleError, ConversionError
 
-from .server import BundleSignature
+from .escaping import check_text, md_code, one_line
+from .limits import ServeLimits
+from .triton_files import triton_config, triton_readme
 
 MARKER = ".edgesdk-export"
 PORT = 8080  # KServe sends a custom predictor's traffic to this container port
 MODELS_DIR = "/mnt/models"  # where KServe images keep models; nothing is mounted over it without a storageUri
 PYTHON_VERSION = "3.11"  # the Python the cloud side is tested with (kserve 0.21 takes 3.10 to 3.13)
 ISVC_NAME_MAX = 45  # KServe's longest derived name, the Knative revision <name>-predictor-00001, is a 63-char label
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -52,15 +60,20 @@ class Export:
 
 
 def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = None, artifact: str | None = None,
-                  force: bool = False, allow_failed: bool = False) -> Export:
+                  force: bool = False, allow_failed: bool = False, max_batch: int | None = None,
+                  max_body_bytes: int | None = None) -> Export:
     """Write ``out`` for a KServe InferenceService that serves the bundle with ``edgesdk serve`` (V2 REST).
 
     ``artifact`` is the artifact id to serve (default: the most accurate float artifact, on a tie the golden
     reference, then manifest order; the image installs its engine). ``image`` is the image name written into
-    ``inferenceservice.yaml`` (default ``edgesdk-<bundle name>:<bundle version>``).
+    ``inferenceservice.yaml`` (default ``edgesdk-<bundle name>:<bundle version>``). ``max_batch`` and
+    ``max_body_bytes`` are ``edgesdk serve``'s request caps (default: derived from the bundle's inputs); the
+    manifest's memory follows from them and the model's size.
     """
     bundle = Bundle.open(bundle_path)
     chosen = bundle.servable_artifact(artifact, allow_failed) if artifact is not None else _default_float(bundle)
+    _check_strings(bundle, chosen)
+    limits = ServeLimits.for_manifest(bundle.manifest, max_batch, max_body_bytes)
     bundle.warn_if_failed(chosen.id)
     slug = _dns_label(bundle.name)
     image = _check_image(image) if image is not None else f"edgesdk-{slug}:{_tag(bundle.manifest['version'])}"
@@ -69,9 +82,11 @@ def export_kserve(bundle_path: str | Path, out: str | Path, image: str | None = 
 
     def write(work: Path) -> None:
         _copy_bundle(bundle, work / bundle_dir)
-        (work / "Dockerfile").write_text(_dockerfile(bundle, chosen, bundle_dir), encoding="utf-8")
-        (work / "inferenceservice.yaml").write_text(_inference_service(bundle, chosen, image), encoding="utf-8")
-        (work / "README.md").write_text(_kserve_readme(bundle, chosen, image, bundle_dir), encoding="utf-8")
+        caps = {"--max-batch": max_batch, "--max-body-bytes": max_body_bytes}
+        (work / "Dockerfile").write_text(_dockerfile(bundle, chosen, bundle_dir, caps), encoding="utf-8")
+        (work / "inferenceservice.yaml").write_text(_inference_service(bundle, chosen, image, limits),
+                                                    encoding="utf-8")
+        (work / "README.md").write_text(_kserve_readme(bundle, chosen, image, bundle_dir, limits), encoding="utf-8")
 
     return _export("kserve", bundle, chosen, out, write)
 
@@ -89,11 +104,15 @@ def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None
     """
     bundle = Bundle.open(bundle_path)
     chosen = _onnx_artifact(bundle, artifact, allow_failed)
+    _check_strings(bundle, chosen)
     bundle.warn_if_failed(chosen.id)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", bundle.name):
         raise ConversionError(f"bundle name {bundle.name!r} cannot name a Triton model directory (letters, digits, "
                               f"'_', '.', '-'); the device calls the model by that name, so it is not changed here")
     names = _onnx_names(bundle, chosen)
+    for kind, found in names.items():
+        for name in found:
+            check_text(name, f"{kind} of the ONNX file of artifact {chosen.id!r} ({name!r})")
     out = _check_output(Path(out), bundle, force)
 
     def write(work: Path) -> None:
@@ -104,11 +123,26 @@ def export_triton(bundle_path: str | Path, out: str | Path, artifact: str | None
             rel = Path("model.onnx") if i == 0 else _relative(src, model_dir, chosen)
             (version_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, version_dir / rel)
-        (work / bundle.name / "config.pbtxt").write_text(_triton_config(bundle, chosen, names),
+        (work / bundle.name / "config.pbtxt").write_text(triton_config(bundle, chosen, names),
                                                          encoding="utf-8")
-        (work / "README.md").write_text(_triton_readme(bundle, chosen, names), encoding="utf-8")
+        (work / "README.md").write_text(triton_readme(bundle, chosen, names, MARKER), encoding="utf-8")
 
     return _export("triton", bundle, chosen, out, write)
+
+
+def _check_strings(bundle: Bundle, chosen: Artifact) -> None:
+    """The manifest strings the generated files hold, each one line of printable text (BundleError naming it)."""
+    manifest = bundle.manifest
+    check_text(manifest["name"], "'name'")
+    version = manifest["version"]
+    check_text(str(version) if isinstance(version, int) and not isinstance(version, bool) else version, "'version'")
+    check_text(chosen.id, "'artifacts[].id'")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", str(chosen.engine)):
+        raise BundleError(f"manifest field 'artifacts[].engine' of artifact {chosen.id!r} must be an engine name "
+                          f"(lower-case letters, digits, '_', '-'); got {one_line(chosen.engine)!r}")
+    for kind in ("inputs", "outputs"):
+        for i, tensor in enumerate(manifest[kind]):
+            check_text(tensor["name"], f"'{kind}[{i}].name'")
 
 
 # -- choosing the artifact ---------------------------------------------------------------------------------------
@@ -202,7 +236,7 @@ def _tag(version: Any) -> str:
 
 
 def _check_image(image: str) -> str:
-    if not image or re.search(r"\s", image) or "://" in image or image != image.strip():
+    if not image or re.search(r"\s", image) or "://" in image or not image.isprintable():
         raise ConversionError(f"--image must be an image reference such as registry.example.com/team/model:1 "
                               f"(no scheme, no spaces); got {image!r}")
     return image
@@ -210,15 +244,19 @@ def _check_image(image: str) -> str:
 
 # -- KServe ------------------------------------------------------------------------------------------------------
 
-def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str) -> str:
+def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str, caps: dict[str, int | None]) -> str:
     served = f"{MODELS_DIR}/{bundle_dir}"
     entrypoint = ["edgesdk", "serve", served, "--artifact", chosen.id, "--host", "0.0.0.0", "--port", str(PORT)]
     if bundle.failed_gate(chosen.id) is not None:  # exported with allow_failed: the image must serve it the same way
         entrypoint.insert(5, "--allow-failed")
+    for option, value in caps.items():  # a cap left to its default is derived the same way by the server
+        if value is not None:
+            entrypoint += [option, str(value)]
     requirement = f"edgesdk[cloud,{chosen.engine}]=={__version__}"
     return f"""\
 # Written by edgesdk export kserve: a custom KServe predictor that serves, with edgesdk serve (KServe's ModelServer),
-# bundle {json.dumps(bundle.name)} version {bundle.manifest['version']}, artifact {chosen.id} on {chosen.engine}.
+# bundle {one_line(json.dumps(bundle.name))} version {_version(bundle)},
+# artifact {one_line(chosen.id)} on {chosen.engine}.
 ARG PYTHON_VERSION={PYTHON_VERSION}
 FROM python:${{PYTHON_VERSION}}-slim
 
@@ -238,17 +276,23 @@ ENTRYPOINT {json.dumps(entrypoint)}
 """
 
 
-def _resources(chosen: Artifact) -> dict[str, Any]:
-    """Requests and limits that fit ``edgesdk serve``: about 180 MB resident for a small model on onnxruntime
-    (measured), plus room for the model, which an engine holds in memory two to three times while loading."""
-    model_bytes = sum(f["bytes"] for f in chosen.entry["files"])
-    memory = 512 + 128 * math.ceil(3 * model_bytes / (128 * MIB))  # MiB, in steps of 128
+def _resources(chosen: Artifact, limits: ServeLimits) -> dict[str, Any]:
+    """Requests and limits that fit ``edgesdk serve`` at its request caps (:meth:`ServeLimits.memory_mib`)."""
+    memory, _ = limits.memory_mib(_model_bytes(chosen))
     # One engine runs one request at a time; the second CPU is for the HTTP server and the engine's own threads.
     return {"requests": {"cpu": "1", "memory": f"{memory}Mi"},
             "limits": {"cpu": "2", "memory": f"{2 * memory}Mi"}}
 
 
-def _isvc(bundle: Bundle, chosen: Artifact, image: str) -> dict[str, Any]:
+def _model_bytes(chosen: Artifact) -> int:
+    return sum(int(f["bytes"]) for f in chosen.entry["files"])
+
+
+def _version(bundle: Bundle) -> str:
+    return one_line(bundle.manifest["version"])
+
+
+def _isvc(bundle: Bundle, chosen: Artifact, image: str, limits: ServeLimits) -> dict[str, Any]:
     """The InferenceService as data (what ``inferenceservice.yaml`` holds)."""
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
@@ -257,7 +301,8 @@ def _isvc(bundle: Bundle, chosen: Artifact, image: str) -> dict[str, Any]:
             "name": _dns_label(bundle.name),
             "labels": {"app.kubernetes.io/managed-by": "edgesdk"},
             "annotations": {"edgesdk/bundle": bundle.name, "edgesdk/bundle-version": str(bundle.manifest["version"]),
-                            "edgesdk/artifact": chosen.id},
+                            "edgesdk/artifact": chosen.id, "edgesdk/max-batch": str(limits.max_batch),
+                            "edgesdk/max-body-bytes": str(limits.max_body_bytes)},
         },
         "spec": {"predictor": {"containers": [{
             "name": "kserve-container",
@@ -266,20 +311,28 @@ def _isvc(bundle: Bundle, chosen: Artifact, image: str) -> dict[str, Any]:
             "ports": [{"containerPort": PORT, "protocol": "TCP"}],
             "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": PORT},
                                "initialDelaySeconds": 5, "periodSeconds": 5},
-            "resources": _resources(chosen),
+            "resources": _resources(chosen, limits),
         }]}},
     }
 
 
-def _inference_service(bundle: Bundle, chosen: Artifact, image: str) -> str:
+def _inference_service(bundle: Bundle, chosen: Artifact, image: str, limits: ServeLimits) -> str:
+    memory, arithmetic = limits.memory_mib(_model_bytes(chosen))
+    arithmetic = "\n".join(f"# {line}" for line in textwrap.wrap(f"Memory request: {arithmetic}.", 112))
     head = f"""\
-# Written by edgesdk export kserve: bundle {json.dumps(bundle.name)} version {bundle.manifest['version']},
-# artifact {chosen.id}. It runs in the image built from ./Dockerfile: push that image where the cluster can pull it.
+# Written by edgesdk export kserve: bundle {one_line(json.dumps(bundle.name))} version {_version(bundle)},
+# artifact {one_line(chosen.id)}. It runs in the image built from ./Dockerfile: push that image where the
+# cluster can pull it.
 # The protocol: a custom predictor declares it with the PROTOCOL environment variable (v1 or v2). It has no
 # protocolVersion field (KServe's model and framework predictors do), so kubectl's strict validation would refuse one.
 # No storageUri: the bundle is inside the image at {MODELS_DIR}, where a storage initializer would mount over it.
+# Memory: edgesdk serve takes a batch of at most {limits.max_batch} and a body of at most {limits.max_body_bytes} bytes,
+# {limits.max_pending} requests at once (the edgesdk/max-* annotations; raise them with export's max_batch and
+# max_body_bytes, which the image's entrypoint then passes to serve).
+{arithmetic}
+# Limit: twice the request ({2 * memory} MiB), for the allocator and a Python heap that does not shrink at once.
 """
-    return head + "\n".join(_yaml(_isvc(bundle, chosen, image))) + "\n"
+    return head + "\n".join(_yaml(_isvc(bundle, chosen, image, limits))) + "\n"
 
 
 def _yaml(node: Any, indent: int = 0) -> list[str]:
@@ -317,14 +370,15 @@ def _yaml_scalar(value: Any) -> str:
     return json.dumps(str(value))
 
 
-def _kserve_readme(bundle: Bundle, chosen: Artifact, image: str, bundle_dir: str) -> str:
+def _kserve_readme(bundle: Bundle, chosen: Artifact, image: str, bundle_dir: str, limits: ServeLimits) -> str:
     name = _dns_label(bundle.name)
+    model_url = shlex.quote(one_line(f"https://<host>/v2/models/{bundle.name}"))
     return f"""\
-# {bundle.name} {bundle.manifest['version']} on KServe
+# {one_line(bundle.name)} {_version(bundle)} on KServe
 
 Written by `edgesdk export kserve` (edgesdk {__version__}). The image runs `edgesdk serve`: KServe's ModelServer
-hosting artifact `{chosen.id}` ({chosen.engine}) of the bundle as model `{bundle.name}`, over the Open Inference
-Protocol V2 (REST) on port {PORT}.
+hosting artifact {md_code(chosen.id)} ({chosen.engine}) of the bundle as model {md_code(bundle.name)}, over the Open
+Inference Protocol V2 (REST) on port {PORT}.
 
 | file | what |
 | --- | --- |
@@ -336,8 +390,8 @@ Protocol V2 (REST) on port {PORT}.
 ## Build, push, apply
 
 ```bash
-docker build -t {image} .
-docker push {image}                  # the cluster pulls this name: export with --image REGISTRY/NAME:TAG to change it
+docker build -t {shlex.quote(image)} .
+docker push {shlex.quote(image)}     # the cluster pulls this name: export with --image REGISTRY/NAME:TAG to change it
 kubectl apply -f inferenceservice.yaml
 kubectl get inferenceservice {name}  # READY True, and the URL
 ```
@@ -346,11 +400,13 @@ Check it (`<host>` is the InferenceService's URL host):
 
 ```bash
 curl https://<host>/v2/health/ready
-curl https://<host>/v2/models/{bundle.name}    # inputs and outputs, with datatypes and shapes
+curl {model_url}    # inputs and outputs, with datatypes and shapes
 ```
 
-Resources (requests and limits in `inferenceservice.yaml`) leave room for the model and the server; edit them for
-your traffic. Requests run one at a time per replica: scale with replicas, not with CPUs.
+Resources (requests and limits in `inferenceservice.yaml`) leave room for the model, the server and its request
+caps (a batch of at most {limits.max_batch}, a body of at most {limits.max_body_bytes} bytes; the arithmetic is in the
+file's comments). Requests run one at a time per replica: scale with replicas, not with CPUs. The model-repository
+API (load, unload) is off in the image.
 
 ## Point a device at it
 
@@ -375,65 +431,6 @@ def _onnx_names(bundle: Bundle, chosen: Artifact) -> dict[str, list[str]]:
             raise BundleError(f"artifact {chosen.id!r} has {len(found)} {kind} ({', '.join(found)}); the manifest of "
                               f"bundle {bundle.name!r} lists {len(bundle.manifest[kind])}")
     return names
-
-
-def _triton_config(bundle: Bundle, chosen: Artifact, names: dict[str, list[str]]) -> str:
-    signature = BundleSignature(bundle.manifest)
-
-    def tensors(kind: str, specs, onnx_names: list[str]) -> list[str]:
-        blocks = []
-        for spec, name in zip(specs, onnx_names):
-            dims = ", ".join(str(d) for d in spec.shape)
-            blocks.append(f"  {{\n    name: {_pbtxt_string(name)}\n    data_type: TYPE_{spec.datatype}\n"
-                          f"    dims: [ {dims} ]\n  }}")
-        return [f"{kind} [", ",\n".join(blocks), "]"]
-
-    lines = [
-        f"# Written by edgesdk export triton: bundle {json.dumps(bundle.name)} version {bundle.manifest['version']}, "
-        f"artifact {chosen.id}.",
-        "# max_batch_size 0: the artifact is compiled for a fixed batch of 1, so the dims are its full shapes.",
-        f"name: {_pbtxt_string(bundle.name)}",
-        'platform: "onnxruntime_onnx"',
-        "max_batch_size: 0",
-        *tensors("input", signature.inputs, names["inputs"]),
-        *tensors("output", signature.outputs, names["outputs"]),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _pbtxt_string(text: str) -> str:
-    """A protobuf text-format string: printable ASCII as is, the rest as octal escapes of its UTF-8 bytes."""
-    out = []
-    for byte in text.encode("utf-8"):
-        char = chr(byte)
-        out.append(f"\\{char}" if char in '"\\' else char if 32 <= byte < 127 else f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
-
-
-def _triton_readme(bundle: Bundle, chosen: Artifact, names: dict[str, list[str]]) -> str:
-    manifest_inputs = [t["name"] for t in bundle.manifest["inputs"]]
-    device = ("so its inputs are what a device running the bundle sends (names, datatypes, shapes)"
-              if names["inputs"] == manifest_inputs else
-              f"which differ from the input names a device running the bundle sends ({', '.join(manifest_inputs)}): "
-              f"for a device's cloud, use `edgesdk export kserve`")
-    return f"""\
-# {bundle.name} {bundle.manifest['version']}: a Triton model repository
-
-Written by `edgesdk export triton` (edgesdk {__version__}): `{bundle.name}/1/model.onnx` is artifact `{chosen.id}` of
-the bundle, unchanged; `{bundle.name}/config.pbtxt` gives Triton its inputs and outputs (platform `onnxruntime_onnx`,
-`max_batch_size: 0`: the artifact takes exactly the manifest's shapes, batch 1 included). `{MARKER}` marks the
-folder as an export; Triton reads only the model folders.
-
-```bash
-docker run --rm -p 8000:8000 -v "$PWD":/models nvcr.io/nvidia/tritonserver:<yy.mm>-py3 \\
-    tritonserver --model-repository=/models
-curl localhost:8000/v2/models/{bundle.name}
-```
-
-Triton speaks the Open Inference Protocol V2 under the same model name as `edgesdk serve`, with the ONNX file's
-tensor names (inputs {', '.join(names['inputs'])}; outputs {', '.join(names['outputs'])}), {device}.
-Unlike `edgesdk serve`, it takes a batch of 1 only.
-"""
 
 
 __all__ = ["Export", "MARKER", "export_kserve", "export_triton"]

@@ -72,7 +72,8 @@ class ServeLimits:
     @property
     def request_cost_bytes(self) -> int:
         """What one request at the caps holds in the server at its peak."""
-        return REQUEST_COST_FACTOR * self.max_body_bytes + 2 * JSON_BYTES_PER_VALUE * self.max_batch * self.output_values
+        answer = 2 * JSON_BYTES_PER_VALUE * self.max_batch * self.output_values
+        return REQUEST_COST_FACTOR * self.max_body_bytes + answer
 
     def memory_mib(self, model_bytes: int) -> tuple[int, str]:
         """A memory request for the server (MiB, in steps of 128) and the arithmetic, as one line of text."""
