@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ...errors import InputError
 
 LEVELS = ("nominal", "warm", "hot", "critical")
+SENSOR_READ_BYTES = 64  # a sensor value is a short line; a longer file is not a sensor (raise: set this module value)
 _RANK = {name: rank for rank, name in enumerate(LEVELS)}
 
 
@@ -87,7 +90,7 @@ class LinuxThermalZones:
         skipped: dict[str, str] = {}
         for name, kind, path in self._zones:
             try:
-                zones[name] = {"type": kind, "temperature_c": int(path.read_text().strip()) / 1000.0}
+                zones[name] = {"type": kind, "temperature_c": int(read_sensor_file(path)) / 1000.0}
             except (OSError, ValueError) as exc:
                 skipped[name] = f"{kind}: {type(exc).__name__}: {exc}"
         hottest = max(zones, key=lambda z: zones[z]["temperature_c"], default=None)
@@ -100,10 +103,33 @@ def _zone_number(path: Path) -> tuple[int, str]:
     return (int(digits) if digits.isdigit() else 1 << 30, path.name)
 
 
+def read_sensor_file(path: Path) -> str:
+    """The stripped text of a sensor file: a regular file (sysfs attributes are, with st_size 4096) of at most
+    ``SENSOR_READ_BYTES``. Opened without blocking (a FIFO with no writer would wait forever) and read once, so a
+    device or a huge file costs nothing; anything else raises ValueError naming it (OSError when unreadable)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is not a regular file ({_file_kind(mode)})")
+        data = os.read(fd, SENSOR_READ_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SENSOR_READ_BYTES:
+        raise ValueError(f"{path} holds more than {SENSOR_READ_BYTES} bytes: not a sensor value")
+    return data.decode("utf-8", "replace").strip()
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
 def _read_text(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
-    except OSError:
+        return read_sensor_file(path)
+    except (OSError, ValueError):
         return None
 
 
@@ -127,7 +153,7 @@ class EdgeTpuTemperature:
         skipped: dict[str, str] = {}
         for chip in self._chips:
             try:
-                chips[chip.name] = {"temperature_c": int((chip / "temp").read_text().strip()) / 1000.0}
+                chips[chip.name] = {"temperature_c": int(read_sensor_file(chip / "temp")) / 1000.0}
             except (OSError, ValueError) as exc:
                 skipped[chip.name] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -280,5 +306,5 @@ class PushedThermalState:
         return ThermalReading(hint, None, "+".join(sources) or "pushed (nothing pushed yet)", detail)
 
 
-__all__ = ["LEVELS", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "EdgeTpuTemperature",
+__all__ = ["LEVELS", "SENSOR_READ_BYTES", "ThermalReading", "ThermalSensor", "LinuxThermalZones", "EdgeTpuTemperature",
            "RaspberryPiThrottled", "PushedThermalState"]
