@@ -3,7 +3,12 @@
 Any V2 server can be the endpoint (KServe's ModelServer, ``edgesdk serve``, Triton, OpenVINO Model Server). What
 the device needs from a remote service it cannot control:
 
-- a deadline per call (``deadline_s``) and a timeout per attempt (``timeout_s``, never past the deadline);
+- a deadline per call (``deadline_s``) and a timeout per attempt (``timeout_s``, never past the deadline), each a
+  wall-clock bound on everything a request does: connect, TLS handshake, send, response headers and body;
+- answers checked before anything uses them: with ``expected_outputs`` (the bundle's manifest ``outputs``) an
+  answer whose output names, count, shapes, datatypes or values (NaN, Inf, null) differ is a ``bad_response``;
+  a response over ``max_response_bytes`` (derived from the expected outputs by default) is refused as
+  ``response_too_large``, before its body is read when it says its length;
 - retries only where they can help (connection failures, timeouts, 429, 502, 503, 504; inference is idempotent),
   at most ``max_attempts``, after a capped exponential backoff with full jitter (a random pause between 0 and
   ``min(backoff_cap_s, backoff_base_s * 2**n)``), honouring ``Retry-After`` when it fits the deadline;
@@ -15,17 +20,19 @@ the device needs from a remote service it cannot control:
   certificate verification, and plain ``http`` only to a loopback address unless ``allow_insecure_http``;
 - the binary tensor extension when the server lists ``binary_tensor_data``, JSON tensors otherwise.
 
-Nothing here logs a request or response body, or a token. Every failure of a call is a
+Nothing here logs a request or response body, or a token; text a server sends that an error keeps (a rejection's
+message) is cut short, single-line and has the token redacted. Every failure of a call is a
 :class:`~edgesdk.errors.CloudError` (a malformed answer too): the caller (hybrid mode) answers from the device
-instead. The deadline bounds the attempts and the pauses between them; within one attempt the socket timeout
-applies to each read (a server that trickles bytes can stretch it) and the host name is resolved by the system
-(use an address, or a resolver with its own timeout, where that matters).
+instead. The deadline bounds the attempts and the pauses between them; only the host name's resolution is the
+system's (use an address, or a resolver with its own timeout, where that matters).
 
 The pieces live beside this module: :mod:`.transport` (the injectable transport and the URL check),
-:mod:`.resilience` (retry budget, circuit breaker) and :mod:`.v2_codec` (request and response bodies); their public
-names are importable from here too. The transport is injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s) ->
-Response`` that raises ``OSError`` (``TimeoutError`` for a timeout) when no response came. The default,
-:class:`HttpTransport`, keeps one connection per thread and endpoint (``http.client``, standard library only).
+:mod:`.resilience` (retry budget, circuit breaker) and :mod:`.v2_codec` (request and response bodies, and the check of
+an answer against the expected outputs); their public names are importable from here too. The transport is
+injectable (``transport=``): anything with ``request(method, url, headers, body, timeout_s, max_bytes) -> Response``
+that raises ``OSError`` (``TimeoutError`` for a timeout) when no response came and
+:class:`~edgesdk.hybrid.transport.ResponseTooLarge` for one over ``max_bytes``. The default, :class:`HttpTransport`,
+keeps one connection per thread and endpoint (``http.client``, standard library only).
 """
 
 from __future__ import annotations
@@ -48,8 +55,10 @@ from ..choices import CloudReason
 from ..errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
 from ..lifecycle import Closeable
 from .resilience import CircuitBreaker, RetryBudget
-from .transport import HttpTransport, Response, Transport, _is_loopback, check_url
-from .v2_codec import _V2_NAME, DATATYPES, _decode, _encode, _error_message, _retry_after, _safe
+from .transport import HttpTransport, Response, ResponseTooLarge, Transport, _is_loopback, check_url
+from .v2_codec import (_V2_NAME, DATATYPES, MAX_DETAIL_CHARS, METADATA_MAX_BYTES, ExpectedOutput, _decode, _encode,
+                       _error_message, _retry_after, _safe, clean, response_cap)
+from .v2_codec import expected_outputs as parse_expected_outputs
 
 log = logging.getLogger("edgesdk.hybrid")
 
@@ -57,7 +66,7 @@ RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
 # Failures that say the endpoint is unwell (they open the circuit); a rejected request or a missing token do not.
 SERVER_FAILURES = frozenset({CloudReason.TIMEOUT, CloudReason.UNREACHABLE, CloudReason.OVERLOADED,
                              CloudReason.SERVER_ERROR, CloudReason.BAD_RESPONSE, CloudReason.RETRY_BUDGET,
-                             CloudReason.TLS, CloudReason.TRANSPORT_ERROR})
+                             CloudReason.TLS, CloudReason.TRANSPORT_ERROR, CloudReason.RESPONSE_TOO_LARGE})
 BINARY_RECHECK_S = 60.0  # after a failed GET /v2, JSON is used this long before asking again
 
 
@@ -66,7 +75,10 @@ class CloudClient(Closeable):
     model name (the bundle's name, usually). Thread-safe.
 
     ``token`` (a string, or a callable returning one, called per request) or ``token_env`` (the name of an
-    environment variable, read per request) gives a bearer token. :meth:`infer` raises a
+    environment variable, read per request) gives a bearer token. ``expected_outputs`` (the manifest's
+    ``outputs``: ``[{name, shape, dtype}]``) is what every answer of :meth:`infer` must be (see the module
+    docstring); ``max_response_bytes`` replaces the cap derived from it (raise it for a model whose answers are
+    bigger; it also caps metadata answers, at least ``METADATA_MAX_BYTES``). :meth:`infer` raises a
     :class:`~edgesdk.errors.CloudError` subclass on any failure; ``stats()`` counts calls, attempts, retries and
     failures by reason.
     """
@@ -77,6 +89,7 @@ class CloudClient(Closeable):
                  backoff_base_s: float = 0.1, backoff_cap_s: float = 2.0, retry_budget: RetryBudget | None = None,
                  breaker: CircuitBreaker | None = None, allow_insecure_http: bool = False, cafile: str | None = None,
                  binary: bool | None = None, transport: Transport | None = None,
+                 expected_outputs: Sequence[Mapping[str, Any]] | None = None, max_response_bytes: int | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None):
         self.url = check_url(url, allow_insecure_http)
@@ -87,6 +100,10 @@ class CloudClient(Closeable):
                 raise InputError(f"cloud client: {name} must be > 0 seconds, got {value!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InputError(f"cloud client: max_attempts must be an integer >= 1, got {max_attempts!r}")
+        if max_response_bytes is not None and (type(max_response_bytes) is not int or max_response_bytes < 1):
+            raise InputError(f"cloud client: max_response_bytes must be an integer >= 1, got {max_response_bytes!r}")
+        self.expected_outputs = parse_expected_outputs(expected_outputs)
+        self.max_response_bytes = max_response_bytes
         if token is not None and token_env is not None:
             raise InputError("cloud client: pass token or token_env, not both")
         if (token is not None or token_env is not None) and self.url.startswith("http://") and \
@@ -106,6 +123,7 @@ class CloudClient(Closeable):
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
+        self._sent = threading.local()  # the token this thread last sent: redacted from what a server says
         self._stats = {"calls": 0, "attempts": 0, "retries": 0, "ok": 0, "failures": {}}
         base = f"{self.url}/v2/models/{model}" + (f"/versions/{version}" if version else "")
         self._model_url = base
@@ -154,23 +172,28 @@ class CloudClient(Closeable):
             their = got.get("shape") if isinstance(got.get("shape"), list) else []
             if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
                 problems.append(f"input {name!r} has shape {their} there, {shape} here")
-        if problems:
-            raise CloudError(CloudReason.MODEL_MISMATCH, f"model {self.model!r} at {self.url} does not take what this "
-                                                         f"bundle sends: {'; '.join(problems)}")
+        if problems:  # the server's names and types are its text: cleaned like its error messages
+            raise CloudError(CloudReason.MODEL_MISMATCH, self._clean(
+                f"model {self.model!r} at {self.url} does not take what this bundle sends: {'; '.join(problems)}"))
         return meta
 
     def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str], *, deadline_s: float | None = None,
-              request_id: str | None = None) -> list[np.ndarray]:
-        """One inference: the outputs in the order the server lists them, within ``deadline_s`` (default
-        ``self.deadline_s``) all told. Raises a :class:`CloudError`."""
+              request_id: str | None = None,
+              expected_outputs: Sequence[Mapping[str, Any]] | None = None) -> list[np.ndarray]:
+        """One inference within ``deadline_s`` (default ``self.deadline_s``) all told: the outputs in the order
+        the server lists them, or checked against ``expected_outputs`` (default ``self.expected_outputs``) and
+        in its order. Raises a :class:`CloudError`."""
         if len(arrays) != len(names):
             raise InputError(f"cloud infer: {len(arrays)} arrays for {len(names)} input names")
+        expected = self.expected_outputs if expected_outputs is None else parse_expected_outputs(expected_outputs)
+        batch = int(np.shape(arrays[0])[0]) if len(arrays) and np.ndim(arrays[0]) else None
+        cap = self.max_response_bytes or response_cap(expected, batch)
         end = self.clock() + (deadline_s if deadline_s is not None else self.deadline_s)
         rid = request_id or uuid.uuid4().hex
         binary = self._binary if self._binary is not None else self._server_has_binary(end - self.clock())
         body, headers = _encode(arrays, names, rid, binary)
         return self._call("POST", self._model_url + "/infer", body, headers, deadline_s=end - self.clock(),
-                          read=lambda resp: _decode(resp, rid))
+                          max_bytes=cap, read=lambda resp: _decode(resp, rid, expected, batch))
 
     def stats(self) -> dict:
         with self._lock:
@@ -228,10 +251,16 @@ class CloudClient(Closeable):
                 raise CloudError(CloudReason.NO_TOKEN,
                                  "the cloud token must be a single line of ASCII text (it is not shown)")
             headers["Authorization"] = f"Bearer {token.strip()}"
+            self._sent.token = token.strip()
         return headers
 
+    def _clean(self, text: str) -> str:
+        """Our message around a server's words, made safe to keep (:func:`~.v2_codec.clean`, this thread's token)."""
+        return clean(text, (getattr(self._sent, "token", None),), MAX_DETAIL_CHARS)
+
     def _call(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], *, retry: bool = True,
-              deadline_s: float | None = None, read: Callable[[Response], Any] = lambda resp: resp) -> Any:
+              deadline_s: float | None = None, max_bytes: int | None = None,
+              read: Callable[[Response], Any] = lambda resp: resp) -> Any:
         """One call (with its retries) through the circuit breaker, which counts calls, not attempts: a fault
         that a retry rescued says nothing bad about the endpoint. ``read`` turns the response into the answer
         inside the breaker's accounting (a malformed answer is the endpoint's failure). Every failure is a
@@ -244,9 +273,11 @@ class CloudClient(Closeable):
                                                                         "repeated failures; calls fail at once until a "
                                                                         "probe succeeds"))
         ok = False
+        if max_bytes is None:
+            max_bytes = max(METADATA_MAX_BYTES, self.max_response_bytes or 0)
         try:
             try:
-                resp = self._attempts(method, url, body, headers, retry, deadline_s)
+                resp = self._attempts(method, url, body, headers, retry, deadline_s, max_bytes)
             except CloudError:
                 raise
             except Exception as exc:  # the transport failed in a way no OSError covers: still a CloudError
@@ -273,7 +304,7 @@ class CloudClient(Closeable):
             self.breaker.record(ticket, ok)  # always settled, so a probe can never be left hanging
 
     def _attempts(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], retry: bool,
-                  deadline_s: float | None) -> Response:
+                  deadline_s: float | None, max_bytes: int) -> Response:
         start = self._clock()
         deadline = start + (deadline_s if deadline_s is not None else self.deadline_s)
         path = urlsplit(url).path
@@ -292,9 +323,12 @@ class CloudClient(Closeable):
             retry_after = None
             try:
                 resp = self._transport.request(method, url, self._headers(headers), body,
-                                               min(self.timeout_s, remaining))
+                                               min(self.timeout_s, remaining), max_bytes)
             except (TimeoutError, socket.timeout):
                 last, status = CloudReason.TIMEOUT, None
+            except ResponseTooLarge as exc:  # the same server would send it again: not retried
+                raise self._fail(CloudError(CloudReason.RESPONSE_TOO_LARGE, f"{method} {path}: {exc} (raise it with "
+                                            "max_response_bytes=)", None, attempts)) from None
             except ssl.SSLCertVerificationError as exc:  # it will not verify on a retry either
                 raise self._fail(CloudUnavailable(CloudReason.TLS, f"{method} {path}: the TLS connection to "
                                                                    f"{self.url} failed ({type(exc).__name__}: {exc}); "
@@ -308,7 +342,7 @@ class CloudClient(Closeable):
                           attempts)
                 if 200 <= status < 300:
                     return resp
-                message = _error_message(resp)
+                message = _error_message(resp, (getattr(self._sent, "token", None),))
                 if status not in RETRYABLE_STATUS:
                     # The request is at fault (4xx) or the server failed it for good (500): not retried. A
                     # 4xx says nothing about the server's health.
@@ -350,9 +384,12 @@ class CloudClient(Closeable):
                                      f"{'' if attempts == 1 else 's'}: {last}", status, attempts))
 
     def _fail(self, exc: CloudError) -> CloudError:
+        exc.detail = self._clean(exc.detail)  # whatever of a server's text it quotes
+        exc.args = (f"{exc.reason}: {exc.detail}",)
         with self._lock:
             self._stats["failures"][exc.reason] = self._stats["failures"].get(exc.reason, 0) + 1
         return exc
 
 
-__all__ = ["check_url", "CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport", "DATATYPES"]
+__all__ = ["check_url", "CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport",
+           "ResponseTooLarge", "ExpectedOutput", "DATATYPES"]

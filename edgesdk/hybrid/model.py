@@ -15,6 +15,10 @@ entropy of the class distribution, and ours: the share of input values outside t
 quantization was calibrated on (the manifest's ``calibration.input_ranges``). :class:`EscalationPolicy`
 combines them: one confidence signal against a threshold, plus a cap on the clipped share.
 
+A cloud answer is checked against the bundle's outputs (the manifest's ``outputs``: names, count, shapes,
+datatypes, finite values) and capped in bytes by them before it is used; one that differs is the cloud's failure
+(``bad_response``, ``response_too_large``), answered like any other.
+
 Every :class:`~edgesdk.Result` says which ``source`` answered (``device`` / ``cloud``), why it escalated
 (``escalation_reason``), whether it is ``degraded``, and, when the cloud failed, ``cloud_error`` (its reason).
 """
@@ -30,9 +34,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..choices import BackendReason, CloudReason, EscalationReason, HybridMode
-from ..errors import BackendUnavailable, BudgetExceeded, CloudError, CloudTimeout, InputError
+from ..errors import BackendUnavailable, BudgetExceeded, BundleError, CloudError, CloudTimeout, InputError
 from ..lifecycle import Closeable
 from ..runtime.result import Result
+from .v2_codec import expected_outputs
 
 log = logging.getLogger("edgesdk.hybrid.model")
 
@@ -152,6 +157,11 @@ class HybridModel(Closeable):
         self._owns_cloud = owns_cloud  # made here from a URL: closed with the model
         self._io = device.io if device is not None else BundleIO(bundle)
         self._names = [t["name"] for t in bundle.manifest["inputs"]]
+        try:  # what every cloud answer must be, whoever made the client
+            self._expected = expected_outputs(bundle.manifest["outputs"])
+        except InputError as exc:
+            raise BundleError(f"bundle {bundle.name!r}: its outputs cannot be checked in a cloud answer: {exc}") \
+                from None
         self._ranges = (bundle.manifest.get("calibration") or {}).get("input_ranges")
         self._check_model = options.check_model
         self._model_checked: tuple[CloudError, float] | bool = False
@@ -223,7 +233,7 @@ class HybridModel(Closeable):
         if remaining <= 0:
             raise CloudTimeout(CloudReason.TIMEOUT, f"checking the cloud model of {self.bundle.name!r} used up the "
                                                     f"deadline ({self.cloud.deadline_s:g} s)")
-        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining)
+        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining, expected_outputs=self._expected)
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
         return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,

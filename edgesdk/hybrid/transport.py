@@ -1,13 +1,21 @@
 """How the cloud client reaches a V2 server: the injectable transport protocol, its default (HTTP/1.1 with
 keep-alive, standard library only, TLS with the system's trust store), a mock for tests without sockets (httpx's
-``MockTransport`` idea) and the URL check (TLS, or plain http to a loopback address only)."""
+``MockTransport`` idea) and the URL check (TLS, or plain http to a loopback address only).
+
+Every request a transport makes is bounded twice: in time, by ``timeout_s``, one wall-clock budget for connecting,
+the TLS handshake, sending, the response headers and the body (a server that trickles bytes cannot stretch it), and
+in size, by ``max_bytes``: a response declaring more is refused before its body is read, one growing past it is cut
+(:class:`ResponseTooLarge`)."""
 
 from __future__ import annotations
 
 import http.client
+import io
 import ipaddress
+import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 from urllib.parse import urlsplit
@@ -17,6 +25,7 @@ from ..errors import InputError
 
 
 LOOPBACK_NAMES = ("localhost",)
+READ_CHUNK = 64 * 1024  # a body is read this much at a time, each piece checked against the cap
 
 
 @dataclass(frozen=True)
@@ -26,9 +35,19 @@ class Response:
     body: bytes
 
 
+class ResponseTooLarge(Exception):
+    """A response longer than the request's ``max_bytes``: ``size`` is what its Content-Length declared
+    (``declared``) or how much had arrived when it was cut."""
+
+    def __init__(self, size: int, limit: int, declared: bool):
+        how = "declares" if declared else "sent more than"
+        super().__init__(f"the response {how} {size} bytes; the cap is {limit}")
+        self.size, self.limit, self.declared = size, limit, declared
+
+
 class Transport(Protocol):
     def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                timeout_s: float) -> Response: ...
+                timeout_s: float, max_bytes: int) -> Response: ...
 
     def close(self) -> None: ...
 
@@ -41,6 +60,7 @@ class Request:
     headers: Mapping[str, str]
     body: bytes | None
     timeout_s: float
+    max_bytes: int | None = None
 
 
 class MockTransport:
@@ -52,8 +72,9 @@ class MockTransport:
         client = CloudClient("http://127.0.0.1:9", "m", transport=MockTransport(handler))
 
     The handler returns a :class:`Response` or raises what a network raises (``TimeoutError``, ``ConnectionError``,
-    ``OSError``); the client treats both exactly as it treats the HTTP transport's. Every request is kept in
-    :attr:`requests`, in order. Thread-safe as far as the handler is."""
+    ``OSError``); the client treats both exactly as it treats the HTTP transport's, and a body over the request's
+    ``max_bytes`` is refused as that transport refuses it. Every request is kept in :attr:`requests`, in order.
+    Thread-safe as far as the handler is."""
 
     def __init__(self, handler: Callable[[Request], Response]):
         if not callable(handler):
@@ -63,22 +84,127 @@ class MockTransport:
         self._lock = threading.Lock()
 
     def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                timeout_s: float) -> Response:
-        request = Request(method, url, dict(headers), body, timeout_s)
+                timeout_s: float, max_bytes: int | None = None) -> Response:
+        request = Request(method, url, dict(headers), body, timeout_s, max_bytes)
         with self._lock:
             self.requests.append(request)
         response = self._handler(request)
         if not isinstance(response, Response):
             raise TypeError(f"the MockTransport handler returned {type(response).__name__}, not a Response")
+        if max_bytes is not None and len(response.body) > max_bytes:
+            raise ResponseTooLarge(len(response.body), max_bytes, declared=False)
         return response
 
     def close(self) -> None:
         pass
 
 
+class _DeadlineSocket:
+    """A connected socket whose every send and receive ends by one wall-clock ``deadline`` (a ``time.monotonic()``
+    value, set per request): each call gets the time left as its timeout and none starts once it is gone, so a
+    peer sending or taking one byte at a time cannot stretch a request. ``http.client`` reads through it."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self._sock, self.deadline = sock, deadline
+        self._readers, self._closed = 0, False  # as socket.socket: closed for real once no reader holds it
+
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self._sock.settimeout(left)
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, nbytes, flags)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._arm()
+        return self._sock.recv(size, flags)
+
+    def sendall(self, data, flags: int = 0) -> None:
+        # One send per turn, each with the time left (an SSL socket's sendall would give every send a fresh timeout).
+        view = memoryview(data).cast("B")
+        while view:
+            self._arm()
+            sent = self._sock.send(view[:READ_CHUNK], flags)
+            view = view[sent:]
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        if mode != "rb":
+            raise ValueError(f"a deadline socket is read as 'rb' only, not {mode!r}")
+        self._readers += 1
+        return io.BufferedReader(socket.SocketIO(self, "rb"))
+
+    def _decref_socketios(self) -> None:  # SocketIO.close calls it
+        self._readers -= 1
+        if self._closed and self._readers <= 0:
+            self._sock.close()
+
+    def close(self) -> None:
+        # http.client closes the connection while a response that will close it is still being read.
+        self._closed = True
+        if self._readers <= 0:
+            self._sock.close()
+
+    def settimeout(self, timeout) -> None:  # the deadline decides, not a per-read timeout
+        pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP(S) connection whose connect, TLS handshake and every read and write end by ``deadline``."""
+
+    def __init__(self, host: str, port: int | None, tls: ssl.SSLContext | None):
+        super().__init__(host, port if port is not None else (443 if tls is not None else 80))
+        self._tls = tls
+        self.deadline = 0.0
+
+    def start(self, deadline: float) -> None:
+        """Bound the next request (and a reconnect it needs) by ``deadline``."""
+        self.deadline = deadline
+        if isinstance(self.sock, _DeadlineSocket):
+            self.sock.deadline = deadline
+
+    def connect(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed before connecting")
+        sock = socket.create_connection((self.host, self.port), left)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request's deadline passed before the TLS handshake")
+                sock.settimeout(left)  # ssl's handshake counts this timeout over the whole handshake
+                sock.do_handshake()
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = _DeadlineSocket(sock, self.deadline)
+
+
+def _read_capped(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    if resp.length is not None and resp.length > max_bytes:
+        raise ResponseTooLarge(resp.length, max_bytes, declared=True)
+    data = bytearray()
+    while True:
+        chunk = resp.read(min(READ_CHUNK, max_bytes + 1 - len(data)))
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > max_bytes:
+            raise ResponseTooLarge(len(data), max_bytes, declared=False)
+
+
 class HttpTransport:
     """HTTP/1.1 with keep-alive: one connection per thread and endpoint, reopened after any failure. TLS uses
-    the system's trust store (or ``cafile``) and checks the host name."""
+    the system's trust store (or ``cafile``) and checks the host name. ``timeout_s`` bounds each request as a
+    whole, ``max_bytes`` its response (see the module docstring)."""
 
     def __init__(self, cafile: str | None = None):
         self._ssl = ssl.create_default_context(cafile=cafile)
@@ -87,29 +213,25 @@ class HttpTransport:
         self._lock = threading.Lock()
 
     def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
-                timeout_s: float) -> Response:
+                timeout_s: float, max_bytes: int) -> Response:
+        deadline = time.monotonic() + timeout_s
         parts = urlsplit(url)
         key = (parts.scheme, parts.hostname, parts.port)
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get(key)
         if conn is None:
-            if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s, context=self._ssl)
-            else:
-                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+            conn = _Connection(parts.hostname, parts.port, self._ssl if parts.scheme == "https" else None)
             conns[key] = conn
             with self._lock:
                 self._all.append(conn)
-        conn.timeout = timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout_s)
+        conn.start(deadline)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         try:
             conn.request(method, path, body=body, headers=dict(headers))
             resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
+            data = _read_capped(resp, max_bytes)
+        except (OSError, http.client.HTTPException, ResponseTooLarge) as exc:
+            conn.close()  # a half-read response leaves the connection unusable
             conns.pop(key, None)
             with self._lock:
                 if conn in self._all:

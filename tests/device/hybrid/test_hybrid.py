@@ -107,7 +107,7 @@ def test_one_deadline_covers_everything_a_prediction_asks_of_the_cloud(digits_bu
         {"name": t["name"], "datatype": "FP32", "shape": t["shape"]} for t in manifest["inputs"]]}).encode()
 
     class Hanging:
-        def request(self, method, url, headers, body, timeout_s):
+        def request(self, method, url, headers, body, timeout_s, max_bytes=None):
             if url.endswith(f"/v2/models/{manifest['name']}"):
                 return Response(200, {}, metadata)  # the model check passes
             time.sleep(timeout_s)
@@ -139,9 +139,10 @@ class ScriptedCloud:
         self.requests: list[str] = []
         self.metadata = json.dumps(metadata or {"name": manifest["name"], "inputs": [
             {"name": t["name"], "datatype": "FP32", "shape": t["shape"]} for t in manifest["inputs"]]}).encode()
-        self.answer = {"outputs": [{"name": "o", "shape": [1, 10], "datatype": "FP32", "data": [0.0] * 9 + [9.0]}]}
+        self.answer = {"outputs": [{"name": manifest["outputs"][0]["name"], "shape": [1, 10], "datatype": "FP32",
+                                    "data": [0.0] * 9 + [9.0]}]}
 
-    def request(self, method, url, headers, body, timeout_s):
+    def request(self, method, url, headers, body, timeout_s, max_bytes=None):
         import json
 
         from edgesdk.hybrid.client import Response
