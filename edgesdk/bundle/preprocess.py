@@ -79,6 +79,26 @@ class Preprocess:
         c = self.channels
         return (1, c, h, w) if self.layout == "nchw" else (1, h, w, c)
 
+    def problems_making(self, shape: list[int], max_pixels: int, raise_with: str) -> list[str]:
+        """Why this spec cannot make a model input of ``shape`` (a manifest's ``inputs[0].shape``, -1 for a dynamic
+        dimension): a fixed height, width or channel count it does not make, or more than ``max_pixels`` pixels
+        (the resized image is allocated before an engine could refuse it; ``raise_with`` names how to raise that)."""
+        (h, w), problems = self.size, []
+        if h * w > max_pixels:
+            problems.append(f"preprocess.size {[h, w]} is {h * w} pixels, over the limit of {max_pixels} "
+                            f"(${raise_with} raises it)")
+        if len(shape) != 4:
+            return problems + [f"preprocess makes a 4-dimensional input ({self.layout}), but inputs[0].shape is "
+                               f"{list(shape)}"]
+        c_axis, h_axis, w_axis = (1, 2, 3) if self.layout == "nchw" else (3, 1, 2)
+        if -1 != shape[h_axis] != h or -1 != shape[w_axis] != w:
+            problems.append(f"preprocess.size {[h, w]} must be the height and width of inputs[0].shape "
+                            f"{list(shape)} ({self.layout})")
+        if -1 != shape[c_axis] != self.channels:
+            problems.append(f"preprocess.color \"{self.color}\" makes {self.channels} channel(s); inputs[0].shape "
+                            f"{list(shape)} ({self.layout}) has {shape[c_axis]}")
+        return problems
+
     # -- construction -------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Preprocess":

@@ -1,15 +1,19 @@
 """The bundle: a directory with ``manifest.json`` at its root and the files it lists.
 
 Opening a bundle checks every listed file's sha256 before any engine sees it; a
-missing or altered file, or a path that escapes the bundle directory, raises a
-:class:`~edgesdk.errors.BundleError` naming the file. The manifest keys are
-documented in README.md ("Bundle format").
+missing or altered file, or a path that escapes the bundle directory (``manifest.json``
+included), raises a :class:`~edgesdk.errors.BundleError` naming the file. The manifest keys are
+documented in README.md ("Bundle format"). The golden file is read member by member, each
+checked against the manifest from its ``.npy`` header before its data is read (:func:`read_golden`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
@@ -21,6 +25,8 @@ from . import schema as bundle_schema
 from ..errors import BundleError, FailedArtifactWarning
 
 MANIFEST = "manifest.json"
+MAX_GOLDEN_BYTES = 256 << 20  # the golden arrays the manifest names, decoded; a real bundle holds a few MiB at most
+GOLDEN_BYTES_VAR = "EDGESDK_MAX_GOLDEN_BYTES"
 # Defined with the schema; named here too: the quantizer writes FORMAT_VERSION, platform profiles check the rest.
 FORMAT_VERSION, ENGINES, PRECISIONS = bundle_schema.FORMAT_VERSION, bundle_schema.ENGINES, bundle_schema.PRECISIONS
 
@@ -108,6 +114,7 @@ class Bundle:
             raise BundleError(f"bundle not found: {root} is not a directory")
         if not manifest_path.is_file():
             raise BundleError(f"{root} is not a bundle: it has no {MANIFEST}")
+        safe_member(root, MANIFEST)  # a link to a manifest elsewhere would vouch for files it did not see
         manifest = bundle_schema.load_manifest(manifest_path)  # read and checked against the schema
         bundle = cls(root, manifest)
         if verify:
@@ -224,14 +231,98 @@ class Bundle:
     def labels(self) -> list[str] | None:
         return self.manifest.get("labels")
 
-    def golden(self) -> dict[str, np.ndarray]:
-        """The golden inputs and float reference outputs (never unpickled)."""
+    def golden(self, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+        """The golden inputs (``input_0``...) and float reference outputs (``output_0``...): see :func:`read_golden`
+        (``max_bytes`` None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB)."""
         golden = self.manifest.get("golden")
         if not golden:
             raise BundleError(f"bundle {self.name!r} has no golden data")
-        path = safe_member(self.root, golden["files"][0]["path"])
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"golden file {golden['files'][0]['path']!r} is unreadable: {exc}") from exc
+        rel = golden["files"][0]["path"]
+        if golden.get("count") == 0:
+            raise BundleError(f"golden file {rel!r} is unusable: golden.count is 0, so nothing would be checked")
+        return read_golden(safe_member(self.root, rel), self.manifest["inputs"], self.manifest["outputs"],
+                           max_bytes, shown=rel)
+
+
+def read_golden(path: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
+                max_bytes: int | None = None, shown: str | None = None) -> dict[str, np.ndarray]:
+    """The golden ``.npz`` at ``path``: one array per manifest input (``input_<j>``) and output (``output_<j>``),
+    other members left unread. Each member's ``.npy`` header is checked before any data is read: numeric dtype
+    (never unpickled), the tensor's dtype and rank, its fixed dimensions past the first, the same number of samples
+    (at least one) in every member, and ``max_bytes`` in all (None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB).
+    Every refusal is a :class:`BundleError` naming the file (``shown``) and the member."""
+    cap = max_bytes if max_bytes is not None else bundle_schema.env_limit(GOLDEN_BYTES_VAR, MAX_GOLDEN_BYTES)
+    shown = shown or path.name
+    tensors = [(f"input_{j}", t) for j, t in enumerate(inputs)] + [(f"output_{j}", t) for j, t in enumerate(outputs)]
+
+    def refused(why: str) -> BundleError:
+        return BundleError(f"golden file {shown!r} is unreadable: {why}")
+
+    try:
+        if path.stat().st_size > cap + (1 << 20):  # zipfile reads the whole central directory
+            raise refused(f"it is {path.stat().st_size} bytes, over the limit of {cap} (${GOLDEN_BYTES_VAR} raises it)")
+        with zipfile.ZipFile(path) as npz:
+            headers = {name: _golden_header(npz, name, spec, refused) for name, spec in tensors}
+            rows = {shape[0] for shape, _, _ in headers.values()}
+            if len(rows) > 1 or 0 in rows:
+                counts = ", ".join(f"{name} {shape[0]}" for name, (shape, _, _) in headers.items())
+                raise refused(f"its members must hold the same number of samples, at least one; they hold {counts}")
+            total = sum(math.prod(shape) * dtype.itemsize for shape, _, dtype in headers.values())
+            if total > cap:
+                raise refused(f"the members the manifest names hold {total} bytes, over the limit of {cap} "
+                              f"(${GOLDEN_BYTES_VAR} raises it)")
+            return {name: _golden_data(npz, name, *headers[name], refused) for name, _ in tensors}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as exc:
+        # not a zip, a damaged or encrypted member, a malformed .npy header
+        raise refused(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refused) -> tuple[tuple[int, ...], bool,
+                                                                                            np.dtype]:
+    """(shape, fortran_order, dtype) of member ``name`` from its .npy header, checked against the tensor ``spec``."""
+    try:
+        npz.getinfo(f"{name}.npy")
+    except KeyError:
+        held = ", ".join(bundle_schema._show(n) for n in npz.namelist()[:12])
+        raise refused(f"it has no member {name!r} (the manifest's tensor {bundle_schema._show(spec['name'])}); "
+                      f"it holds {held or 'nothing'}")
+    with npz.open(f"{name}.npy") as fh:
+        shape, fortran, dtype = _npy_header(fh, name, refused)
+    if dtype.hasobject:
+        raise refused(f"member {name!r} holds Python objects, which edgesdk never unpickles (allow_pickle=False)")
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biuf":
+        raise refused(f"member {name!r} has dtype {dtype}, not a number type")
+    try:
+        expected = np.dtype(spec["dtype"])
+    except TypeError:
+        expected = None  # a name numpy does not know (bfloat16): the engine is the judge
+    if expected is not None and (dtype.kind, dtype.itemsize) != (expected.kind, expected.itemsize):
+        raise refused(f"member {name!r} is {dtype.name}; the manifest says {spec['dtype']!r}")
+    want = spec["shape"]
+    if not shape or min(shape) < 0 or len(shape) != len(want) or any(-1 != w != s for w, s in zip(want[1:], shape[1:])):
+        raise refused(f"member {name!r} has shape {list(shape)}; the manifest's tensor is {want} (any number of "
+                      "samples on the first axis)")
+    return shape, fortran, dtype
+
+
+def _npy_header(fh, name: str, refused) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(fh)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(fh)
+    raise refused(f"member {name!r} is in .npy format version {version}, which edgesdk does not read")
+
+
+def _golden_data(npz: zipfile.ZipFile, name: str, shape: tuple[int, ...], fortran: bool, dtype: np.dtype,
+                 refused) -> np.ndarray:
+    """Exactly the bytes the checked header declares, no more."""
+    data = bytearray(math.prod(shape) * dtype.itemsize)
+    with npz.open(f"{name}.npy") as fh:
+        _npy_header(fh, name, refused)
+        view, got = memoryview(data), 0
+        while got < len(data) and (n := fh.readinto(view[got:])):
+            got += n
+    if got < len(data):
+        raise refused(f"member {name!r} is cut short: {got} of {len(data)} bytes")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")

@@ -1,10 +1,30 @@
-"""Plain-text rendering of a bundle's manifest: the summary and the validation table."""
+"""Plain-text rendering of a bundle's manifest: the summary and the validation table.
+
+Every value taken from a manifest goes through :func:`printable` on its way to the terminal: the schema refuses
+control characters in names, ids and labels, but free-text fields (a source name, a calibration source) and
+bundles checked by an older edgesdk may still hold them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..cpu import describe
+
+
+def printable(text: Any) -> str:
+    """``text`` (made a str) with every character a terminal would act on or cannot print (control characters,
+    line breaks, bidi overrides, lone surrogates) written as a Python escape (``\\x1b``, ``\\u202e``, ``\\udcff``).
+    One line of output: call it on a value or a line, not on text whose line breaks should stay."""
+    text = str(text)
+    if text.isprintable():  # the common case, checked in C
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def failing_artifacts(manifest: dict[str, Any]) -> list[str]:
@@ -33,13 +53,13 @@ def validation_table(manifest: dict[str, Any]) -> str:
         if not isinstance(m, dict):
             continue
         drop = m.get("accuracy_drop_points", m.get("agreement_drop_points", m.get("golden_agreement_drop_points")))
-        rows.append((
+        rows.append(tuple(printable(cell) for cell in (
             art["id"], art["precision"], str(m.get("effective_precision") or "-"),
             _pct(m.get("accuracy")), _pct(m.get("reference_accuracy")), _num(drop, "+.2f"),
             _pct(m.get("top1_agreement", m.get("golden_agreement"))), _num(m.get("cosine_similarity"), ".5f"),
             _num(m.get("max_abs_error"), ".4g"), _num(m.get("latency_ms"), ".3f"),
             _num(m.get("latency_ratio"), ".2f"), "yes" if m.get("passed") else "NO",
-        ))
+        )))
         if m.get("slower_than_float"):
             notes.append(f"warning: {art['id']} is slower than its float reference "
                          f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
@@ -61,7 +81,7 @@ def validation_table(manifest: dict[str, Any]) -> str:
                         f"ms = p50 at batch 1")
     elif where:
         lines.insert(0, where)
-    return "\n".join(lines + notes)
+    return "\n".join(printable(line) for line in lines + notes)
 
 
 def summary(manifest: dict[str, Any]) -> str:
@@ -88,4 +108,4 @@ def summary(manifest: dict[str, Any]) -> str:
         size = sum(f["bytes"] for f in art["files"])
         lines.append(f"  {art['id']:<18} {art['engine']:<12} {art['precision']:<5} {size / 1024:9.1f} KiB  "
                      f"{', '.join(f['path'] for f in art['files'])}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

@@ -9,13 +9,20 @@ expected and what was found::
 Keys this edgesdk does not know are accepted (a newer quantizer may write more), except inside an artifact's
 ``runtime`` table, whose options are applied to the engine (a misspelt option would silently do nothing).
 The schema is written out below as data, checked by a few small classes; no third-party validator.
+
+Whatever in the manifest sets a resource is bounded here, before it is used (file bytes, JSON depth, thread count,
+preprocess size: the limits below and in README "Limits"). Names, versions, ids, labels and tensor names must be
+one line of printable text; a key twice in one object is refused.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,7 +34,24 @@ ENGINES = ("litert", "openvino", "onnxruntime")
 PRECISIONS = ("int8", "fp32")
 RUNTIME_OPTIONS = ("num_threads", "precision_hint")  # engine options an artifact may record
 MAX_PROBLEMS = 10  # listed in one error; the rest are counted
+MAX_THREADS = 256  # runtime.num_threads, as load(threads=...): ONNX Runtime crashes at 100000 and hangs at 2000
+MAX_MANIFEST_BYTES = 4 << 20  # a real manifest is a few KiB; json.loads costs ~20 bytes of memory per byte read
+MANIFEST_BYTES_VAR = "EDGESDK_MAX_MANIFEST_BYTES"
+MAX_JSON_DEPTH = 64  # a real manifest nests 5 deep
+MAX_PREPROCESS_PIXELS = 8192 * 8192  # one resized image becomes ~12 bytes a pixel of float32 work arrays
+PREPROCESS_PIXELS_VAR = "EDGESDK_MAX_PREPROCESS_PIXELS"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# What draws on a terminal instead of showing (C0/C1 controls, line and paragraph separators, bidi overrides and
+# isolates) or cannot be printed at all (lone surrogates): refused in names, ids and labels.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def env_limit(variable: str, default: int) -> int:
+    """The limit the environment variable ``variable`` sets (a positive integer), else ``default``."""
+    raw = os.environ.get(variable, "").strip()
+    if raw and (not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1):
+        raise InputError(f"{variable} must be a positive integer, got {raw!r}")
+    return int(raw) if raw else default
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -54,9 +78,8 @@ def _show(value: Any, limit: int = 60) -> str:
     """``value`` as it reads in the JSON file (so a string shows its quotes), shortened."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=True)
-        text.encode("utf-8")  # a lone surrogate (a path's undecodable byte) would fail where the message is printed
-    except UnicodeEncodeError:
-        text = json.dumps(value)
+        if not text.isprintable():  # a control character would draw on the terminal, a lone surrogate fails to print
+            text = json.dumps(value, allow_nan=True)  # every character outside printable ASCII escaped
     except (TypeError, ValueError, RecursionError):  # not JSON (a caller's own object), or an int too long to print
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -77,21 +100,31 @@ class Spec:
 
 
 class Str(Spec):
-    def __init__(self, nonempty: bool = False, pattern: re.Pattern | None = None, expected: str | None = None):
-        self.nonempty, self.pattern = nonempty, pattern
+    """A string; ``plain``: one line of printable text (a name shown on a terminal or written into other files)."""
+
+    def __init__(self, nonempty: bool = False, pattern: re.Pattern | None = None, expected: str | None = None,
+                 plain: bool = False):
+        self.nonempty, self.pattern, self.plain = nonempty, pattern, plain
         self.expected = expected or ("a non-empty string" if nonempty else "a string")
 
     def accepts(self, value):
         return (isinstance(value, str) and (bool(value) or not self.nonempty)
                 and (self.pattern is None or self.pattern.fullmatch(value) is not None))
 
+    def check(self, value, path, problems):
+        super().check(value, path, problems)
+        if self.plain and isinstance(value, str) and _CONTROL.search(value):
+            problems.append(f"{_at(path)} must be one line of printable text (no control characters, line breaks, "
+                            f"bidi overrides or lone surrogates), got {_show(value)}")
+
 
 class Int(Spec):
-    def __init__(self, minimum: int | None = None, expected: str = "an integer"):
-        self.minimum, self.expected = minimum, expected
+    def __init__(self, minimum: int | None = None, expected: str = "an integer", maximum: int | None = None):
+        self.minimum, self.maximum, self.expected = minimum, maximum, expected
 
     def accepts(self, value):
-        return _is_int(value) and (self.minimum is None or value >= self.minimum)
+        return (_is_int(value) and (self.minimum is None or value >= self.minimum)
+                and (self.maximum is None or value <= self.maximum))
 
 
 class Num(Spec):
@@ -221,15 +254,16 @@ def _preprocess(value: Any) -> str | None:
 
 
 # -- the schema ---------------------------------------------------------------------
-FILE = Obj(required={"path": Str(nonempty=True), "sha256": Str(pattern=_SHA256, expected="64 lowercase hex digits"),
+NAME = Str(nonempty=True, plain=True)
+THREADS = Int(1, f"an integer from 1 to {MAX_THREADS}", MAX_THREADS)
+FILE = Obj(required={"path": NAME, "sha256": Str(pattern=_SHA256, expected="64 lowercase hex digits"),
                      "bytes": Int(0, "a non-negative integer")})
 FILES = ListOf(FILE, nonempty=True)
-TENSOR = Obj(required={"name": Str(), "shape": ListOf(Int(-1, "an integer >= -1 (-1: dynamic)")),
-                       "dtype": Str(nonempty=True)})
+TENSOR = Obj(required={"name": Str(plain=True), "shape": ListOf(Int(-1, "an integer >= -1 (-1: dynamic)")),
+                       "dtype": NAME})
 ARTIFACT = Obj(
-    required={"id": Str(nonempty=True), "engine": OneOf(*ENGINES), "precision": OneOf(*PRECISIONS), "files": FILES},
-    optional={"runtime": Nullable(Obj(optional={"num_threads": Int(1, "a positive integer"),
-                                                "precision_hint": Str(nonempty=True)}, closed=True)),
+    required={"id": NAME, "engine": OneOf(*ENGINES), "precision": OneOf(*PRECISIONS), "files": FILES},
+    optional={"runtime": Nullable(Obj(optional={"num_threads": THREADS, "precision_hint": NAME}, closed=True)),
               "method": Nullable(Str()), "reference": Nullable(Str())},
 )
 _METRIC = Nullable(Num())
@@ -252,7 +286,7 @@ VALIDATION_MACHINE = Obj(optional={
 _SHARE = Num(0.0, 1.0, "a number in [0, 1]")
 MANIFEST = Obj(
     required={
-        "format_version": Int(), "name": Str(nonempty=True), "version": Str(nonempty=True),
+        "format_version": Int(), "name": NAME, "version": NAME,
         "created_with": Spec(),  # for people: required, any JSON value
         "inputs": ListOf(TENSOR, nonempty=True), "outputs": ListOf(TENSOR, nonempty=True),
         "artifacts": ListOf(ARTIFACT, nonempty=True),
@@ -263,7 +297,7 @@ MANIFEST = Obj(
         "preprocess": Nullable(Rule(_preprocess)),
         "postprocess": Nullable(Obj(optional={"type": Str(), "softmax": Bool(),
                                               "top_k": Int(1, "a positive integer")})),
-        "labels": Nullable(ListOf(Str())),
+        "labels": Nullable(ListOf(Str(plain=True))),
         "calibration": Nullable(Obj(optional={
             "samples": Int(0, "a non-negative integer"), "fingerprint": Nullable(Str()), "source": Nullable(Str()),
             "method": Nullable(MapOf(Str())), "seed": Nullable(Int()), "stratified": Bool(),
@@ -290,18 +324,66 @@ MANIFEST = Obj(
 
 
 # -- entry points -------------------------------------------------------------------
-def load_manifest(path: Path) -> dict[str, Any]:
-    """Read and check ``manifest.json``; any problem is a :class:`BundleError` naming the file."""
+def load_manifest(path: Path, max_bytes: int | None = None) -> dict[str, Any]:
+    """Read and check ``manifest.json``; any problem is a :class:`BundleError` naming the file.
+
+    A file over ``max_bytes`` (None: ``$EDGESDK_MAX_MANIFEST_BYTES``, else 4 MiB) is refused from its size, before
+    it is read; so is JSON nested deeper than 64 levels, and an object that holds a key twice.
+    """
+    cap = max_bytes if max_bytes is not None else env_limit(MANIFEST_BYTES_VAR, MAX_MANIFEST_BYTES)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_at_most(path, cap).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise BundleError(f"{path} cannot be read as UTF-8 text: {exc}") from exc
     try:
-        manifest = json.loads(text)
+        manifest = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise BundleError(f"{path}: key {_show(exc.args[0])} appears twice in one object (JSON readers disagree on "
+                          "which one counts)") from None
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer past Python's digit limit
         raise BundleError(f"{path} is not valid JSON: {str(exc)[:200]}") from exc
+    if _deeper_than(manifest, MAX_JSON_DEPTH):
+        raise BundleError(f"{path}: JSON nested deeper than {MAX_JSON_DEPTH} levels; a manifest nests a few")
     check_manifest(manifest, path)
     return manifest
+
+
+def _read_at_most(path: Path, cap: int) -> bytes:
+    """The bytes of the regular file ``path``, refused from its size when over ``cap`` (a FIFO does not block)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleError(f"{path} is not a regular file")
+        data = fh.read(cap + 1) if info.st_size <= cap else b""
+    size = max(info.st_size, len(data))  # len(data): the file grew since fstat
+    if size > cap:
+        raise BundleError(f"{path} is {size} bytes, over the limit of {cap} for a manifest "
+                          f"(${MANIFEST_BYTES_VAR} raises it)")
+    return data
+
+
+class _DuplicateKey(ValueError):
+    """A key found twice in one JSON object (``args[0]``)."""
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise _DuplicateKey(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
+    return found
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
 
 
 def check_manifest(manifest: Any, where: Path | str) -> None:
@@ -342,4 +424,14 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
         elif first[:-4] + ".bin" not in paths:
             problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
                             f"beside {_show(first)}")
-    return problems
+    return problems + _preprocess_fits(manifest)
+
+
+def _preprocess_fits(manifest: dict[str, Any]) -> list[str]:
+    from .preprocess import Preprocess
+
+    if not manifest.get("preprocess"):
+        return []
+    pre = Preprocess.from_dict(manifest["preprocess"])  # the schema accepted it
+    return pre.problems_making(manifest["inputs"][0]["shape"], env_limit(PREPROCESS_PIXELS_VAR, MAX_PREPROCESS_PIXELS),
+                               PREPROCESS_PIXELS_VAR)

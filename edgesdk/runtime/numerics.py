@@ -8,7 +8,7 @@ import numpy as np
 
 from ..bundle.reader import Bundle
 from ..engines import Engine
-from ..errors import BackendUnavailable, EdgeSDKError, InputError
+from ..errors import BackendUnavailable, BundleError, EdgeSDKError, InputError
 
 
 def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.ndarray]]:
@@ -19,16 +19,20 @@ def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.n
 def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     """Run every golden input; raise ``numerics_mismatch`` when an output is off by more than the tolerance.
 
-    Catches a broken delegate or kernel, and an artifact damaged in a way its checksum does not show.
+    Catches a broken delegate or kernel, and an artifact damaged in a way its checksum does not show. Golden data
+    that does not fit the manifest, or holds no sample, is a :class:`BundleError` (never "checked" on nothing).
     """
     golden = bundle.golden()
     tolerance = (bundle.manifest.get("golden") or {}).get("tolerance", {}).get(artifact_id)
     if tolerance is None:
         return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
+    runs = golden_feeds(golden, len(bundle.manifest["inputs"]))
+    if not runs:  # Bundle.golden refuses this already; a check on zero samples must never read as passed
+        raise BundleError(f"bundle {bundle.name!r}: the golden data holds no sample to check {artifact_id} on")
     n_out = len(bundle.manifest["outputs"])
     worst = 0.0
     where = f"{artifact_id} on {engine.name}:{engine.device}"
-    for i, feeds in enumerate(golden_feeds(golden, len(bundle.manifest["inputs"]))):
+    for i, feeds in enumerate(runs):
         try:
             outs = engine.run(feeds)
         except InputError as exc:  # the artifact does not take the bundle's own inputs: it is not this bundle's model
@@ -54,4 +58,4 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
                     "numerics_mismatch",
                     f"{artifact_id} on {engine.name}:{engine.device} is off by {err:.4g} on golden input {i} "
                     f"output {j} (tolerance {tolerance:.4g})")
-    return {"checked": True, "max_abs_error": worst, "tolerance": float(tolerance), "inputs": len(golden["input_0"])}
+    return {"checked": True, "max_abs_error": worst, "tolerance": float(tolerance), "inputs": len(runs)}

@@ -18,7 +18,8 @@ The record sits beside the entry, not in it: a file added to a signed bundle wou
 
 Extraction trusts nothing in the archive. Absolute paths, ``..``, links, devices, fifos and sparse
 files are refused; so are archives past the :class:`ArchiveLimits` (file count, member size, total
-size, and bytes unpacked per archive byte, which catches decompression bombs early). Every byte tarfile reads is
+size, and bytes unpacked per archive byte, which catches decompression bombs early), and a ``manifest.json`` over
+the manifest limit of :func:`~edgesdk.bundle.schema.load_manifest`. Every byte tarfile reads is
 counted too (headers and padding included), and GNU long-name and PAX headers over 64 KiB are refused before
 tarfile reads them whole into memory. Each member also
 passes :func:`tarfile.data_filter`. Files are written by this module, counted as they are written, into
@@ -43,6 +44,7 @@ from pathlib import Path, PurePosixPath
 
 from ..runtime.autotune import cache_dir
 from ..bundle.reader import MANIFEST, Bundle, sha256_file
+from ..bundle.schema import MANIFEST_BYTES_VAR, MAX_MANIFEST_BYTES, env_limit
 from ..errors import BundleError
 from . import cache as store
 
@@ -182,6 +184,7 @@ def _extract(copy: Path, dest: Path, limits: ArchiveLimits, shown: Path) -> dict
     allowed = min(limits.max_total_bytes, max(limits.max_ratio * size, _RATIO_FLOOR))
     readable = allowed + _HEADER_BYTES_PER_FILE * limits.max_files + _CHUNK
     written, count, seen, files = 0, 0, set(), {}
+    manifest_cap = env_limit(MANIFEST_BYTES_VAR, MAX_MANIFEST_BYTES)  # as Bundle.open will read it, refused unwritten
     try:
         with open(copy, "rb") as raw, _decompressed(raw) as data, \
                 tarfile.open(fileobj=_CountedReader(data, readable), mode="r|", tarinfo=_BoundedTarInfo) as tar:
@@ -196,6 +199,9 @@ def _extract(copy: Path, dest: Path, limits: ArchiveLimits, shown: Path) -> dict
                 if rel in seen:
                     raise BundleError(f"archive {src}: member {member.name!r} appears twice")
                 seen.add(rel)
+                if rel.as_posix() == MANIFEST and member.size > manifest_cap:
+                    raise BundleError(f"archive {src}: member {member.name!r} is {member.size} bytes, over the limit "
+                                      f"of {manifest_cap} for a manifest (${MANIFEST_BYTES_VAR} raises it)")
                 if member.size > limits.max_member_bytes:
                     raise BundleError(f"archive {src}: member {member.name!r} is {member.size} bytes, over the "
                                       f"limit of {limits.max_member_bytes}")

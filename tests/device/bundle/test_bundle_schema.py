@@ -104,7 +104,7 @@ def test_unknown_keys_are_accepted(good):
     (lambda m: m["artifacts"][1].update(id=m["artifacts"][0]["id"]), r'ids must be unique; "litert-fp32" appear'),
     (lambda m: m["artifacts"][2].update(runtime={"precision_hint": "f32", "thread": 2}),
      r'artifacts\[2\].runtime has unknown key\(s\) "thread" \(known: num_threads, precision_hint\)'),
-    (lambda m: m["artifacts"][2].update(runtime={"num_threads": 0}), r"runtime.num_threads must be a positive"),
+    (lambda m: m["artifacts"][2].update(runtime={"num_threads": 0}), r"runtime.num_threads must be an integer from 1 to 256, got 0"),
     (lambda m: m["inputs"][0].update(shape=[1, "8"]), r'inputs\[0\].shape\[1\] must be an integer >= -1'),
     (lambda m: m.update(outputs=[]), r"outputs must be a non-empty list, got \[\]"),
     (lambda m: m.update(version=1), r"version must be a non-empty string, got 1"),
