@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import importlib.metadata as md
 import platform
 import shutil
@@ -11,7 +10,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,12 +26,11 @@ from edgesdk.bundle.report import failing_artifacts, validation_table
 from . import calibration
 from .bundle_writer import file_entry, write_manifest
 from .sources import open_source
+from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
-from .targets.tflite import IO_TYPES as TFLITE_IO
 from .toolchain_output import captured
-from .validate import INT8_ERROR_CAP, validate
+from .validate import validate
 
-DEFAULT_SAMPLES = 300
 _CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
 
 
@@ -49,27 +47,20 @@ def quantize(
     source: Any,
     calib: Any,
     out: str | Path,
+    options: QuantizeOptions | None = None,
     *,
-    targets: Iterable[str] | None = None,
     val: Any = None,
     preprocess: Preprocess | dict | str | Path | None = None,
     labels: list[str] | str | Path | None = None,
-    samples: int = DEFAULT_SAMPLES,
-    val_samples: int | None = None,
-    seed: int = 0,
-    max_drop: float = 1.0,
-    max_error_cap: float = INT8_ERROR_CAP,
-    name: str | None = None,
-    version: str = "1",
     example_input: Any = None,
-    overwrite: bool = False,
-    tflite_io: str = "float",
-    input_shapes: dict[str, tuple[int, ...]] | None = None,
-    progress: bool = True,
-    quiet_toolchains: bool = True,
     log: Callable[[str], None] | None = None,
+    **shortcuts: Any,
 ) -> QuantizeResult:
     """Quantize ``source`` for every target, validate, and write the bundle at ``out``.
+
+    ``options`` (:class:`~edgesdk_converters.options.QuantizeOptions`) says how; each of its fields may also be
+    given as a keyword (``quantize(src, calib, out, samples=100, targets=["onnx"])``), applied over ``options``.
+    A bad option raises before anything is opened.
 
     ``tflite_io`` is ``"float"`` (float I/O tensors around an int8 graph) or ``"int8"``
     (integer-only, for Coral / microcontrollers). ``input_shapes`` ({input name: shape}) fixes an ONNX model's
@@ -82,34 +73,24 @@ def quantize(
     max-abs error against the golden float outputs exceeds ``max_error_cap`` times their range (saturating integer
     kernels, a broken conversion); that cap also bounds the golden tolerance a device checks the artifact against.
     """
+    opts = (options or QuantizeOptions()).merged(**shortcuts)
+    targets, samples, val_samples, seed = opts.targets, opts.samples, opts.val_samples, opts.seed
+    max_drop, max_error_cap, progress = opts.max_drop, opts.max_error_cap, opts.progress
     say = log or (lambda msg: print(msg, file=sys.stderr) if progress else None)
     bar = _progress_bar(progress)
-    out = _check_output(Path(out), overwrite, [source, calib, val])
-    if samples < 1:
-        raise CalibrationError(f"samples must be at least 1, got {samples}")
-    if not (isinstance(max_error_cap, (int, float)) and not isinstance(max_error_cap, bool) and max_error_cap > 0
-            and math.isfinite(max_error_cap)):
-        raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
-                              f"{INT8_ERROR_CAP}), got {max_error_cap!r}")
-    if val_samples is not None and val_samples < 1:
-        raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {val_samples}")
+    out = _check_output(Path(out), opts.overwrite, [source, calib, val])
 
     src = open_source(source, example_input)
     wanted = list(targets) if targets is not None else src.default_targets(say)
     if not wanted:
         raise ConversionError("no targets asked for")
-    twice = sorted({t for t in wanted if wanted.count(t) > 1})
-    if twice:
-        raise ConversionError(f"target(s) listed more than once: {', '.join(twice)}")
     src.check_targets(wanted)
-    target_options = {"tflite": {"io": tflite_io}}
-    if tflite_io not in TFLITE_IO:
-        raise ConversionError(f"tflite_io must be one of {', '.join(TFLITE_IO)}, got {tflite_io!r}")
+    target_options = {"tflite": {"io": opts.tflite_io}}
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
 
-    if input_shapes:
-        src.set_input_shapes(dict(input_shapes))
+    if opts.input_shapes:
+        src.set_input_shapes(dict(opts.input_shapes))
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
     src.fix_shapes(calib_ds.load(0))
     calib_ds.inputs = src.inputs  # later samples are checked against the fixed shapes
@@ -144,14 +125,14 @@ def quantize(
             say(f"[{target}] building float and INT8 artifacts for {TARGET_ENGINES[target]}")
             target_dir = work / target
             target_dir.mkdir()
-            with captured(quiet_toolchains) as console:
+            with captured(opts.quiet_toolchains) as console:
                 built += builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console),
                                          **target_options.get(target, {}))
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap)
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
-                             val_origin, name or _default_name(src), version)
+                             val_origin, opts.name or _default_name(src), opts.version)
         write_manifest(work, manifest)
         publish_dir(work, out)
     except BaseException:

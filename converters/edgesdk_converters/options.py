@@ -1,0 +1,112 @@
+"""What a quantize run is asked to do, checked when it is built: :class:`QuantizeOptions`.
+
+One frozen object instead of a dozen keyword parameters (ONNX Runtime's ``StaticQuantConfig`` idea), so a bad value
+fails at once, naming the allowed ones, before any model is opened; :func:`edgesdk_converters.quantize.quantize`
+takes one (``options=``) and also each field as a keyword shortcut. The data (source, calibration and validation
+sets, preprocessing, labels) are arguments of ``quantize`` itself, not options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
+
+from edgesdk.errors import CalibrationError, ConversionError
+
+from .targets import TARGET_ENGINES
+from .targets.tflite import IO_TYPES as TFLITE_IO
+from .validate import INT8_ERROR_CAP
+
+DEFAULT_SAMPLES = 300
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """How to quantize. ``targets``: a subset of ``tflite``, ``openvino``, ``onnx`` (None: every target the source
+    allows). ``samples``: calibration samples drawn (with ``seed``); ``val_samples``: validation samples (None: all).
+    ``max_drop``: points of accuracy (or top-1 agreement) an artifact may lose; ``max_error_cap``: an INT8
+    artifact's largest error as a share of the float outputs' range. ``name``/``version``: the bundle's (no control
+    characters: they are written into files and terminals). ``tflite_io``: ``float`` or ``int8`` tensors around the
+    LiteRT INT8 graph. ``input_shapes``: {input name: shape} for an ONNX model's dynamic dimensions. ``overwrite``:
+    replace an existing bundle. ``progress``/``quiet_toolchains``: console output."""
+
+    targets: tuple[str, ...] | None = None
+    samples: int = DEFAULT_SAMPLES
+    val_samples: int | None = None
+    seed: int = 0
+    max_drop: float = 1.0
+    max_error_cap: float = INT8_ERROR_CAP
+    name: str | None = None
+    version: str = "1"
+    tflite_io: str = "float"
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    overwrite: bool = False
+    progress: bool = True
+    quiet_toolchains: bool = True
+
+    def __post_init__(self) -> None:
+        if self.targets is not None:
+            if isinstance(self.targets, str):
+                raise ConversionError(f"targets must be a list of target names, got the string {self.targets!r}")
+            targets = tuple(self.targets)
+            unknown = [t for t in targets if t not in TARGET_ENGINES]
+            if unknown:
+                raise ConversionError(f"unknown target {', '.join(map(repr, unknown))}; targets are "
+                                      f"{', '.join(TARGET_ENGINES)}")
+            if not targets:
+                raise ConversionError("no targets asked for")
+            twice = sorted({t for t in targets if targets.count(t) > 1})
+            if twice:
+                raise ConversionError(f"target(s) listed more than once: {', '.join(twice)}")
+            object.__setattr__(self, "targets", targets)
+        if not _is_int(self.samples) or self.samples < 1:
+            raise CalibrationError(f"samples must be at least 1, got {self.samples!r}")
+        if self.val_samples is not None and (not _is_int(self.val_samples) or self.val_samples < 1):
+            raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {self.val_samples!r}")
+        if not _is_int(self.seed):
+            raise ConversionError(f"seed must be an integer, got {self.seed!r}")
+        if not _is_number(self.max_drop):  # (negative: the artifact must beat float; tests use it to force a fail)
+            raise ConversionError(f"max_drop must be a finite number of points, got {self.max_drop!r}")
+        if not _is_number(self.max_error_cap) or self.max_error_cap <= 0:
+            raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
+                                  f"{INT8_ERROR_CAP}), got {self.max_error_cap!r}")
+        if self.tflite_io not in TFLITE_IO:
+            raise ConversionError(f"tflite_io must be one of {', '.join(TFLITE_IO)}, got {self.tflite_io!r}")
+        for field_name in ("name", "version"):
+            _check_text(field_name, getattr(self, field_name), optional=field_name == "name")
+        if self.input_shapes is not None:
+            shapes = {}
+            for key, shape in dict(self.input_shapes).items():
+                dims = tuple(shape) if isinstance(shape, (tuple, list)) else None
+                if not isinstance(key, str) or not dims or not all(_is_int(d) and d >= 1 for d in dims):
+                    raise ConversionError(f"input_shapes[{key!r}] must be a tuple of positive sizes, got {shape!r}")
+                shapes[key] = dims
+            object.__setattr__(self, "input_shapes", shapes)
+
+    def merged(self, **overrides: Any) -> "QuantizeOptions":
+        """These options with ``overrides`` (keyword shortcuts) applied; an unknown keyword is named."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TypeError(f"quantize() got unknown option(s) {', '.join(unknown)}; options are "
+                            f"{', '.join(sorted(known))}")
+        return replace(self, **overrides) if overrides else self
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_text(field_name: str, value: Any, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ConversionError(f"{field_name} must be a non-empty string, got {value!r}")
+    if len(value) > 200 or any(not ch.isprintable() for ch in value):
+        raise ConversionError(f"{field_name} {value[:60]!r} must be at most 200 printable characters (no newlines "
+                              "or control characters: it is written into manifests, Dockerfiles and terminals)")
