@@ -7,6 +7,8 @@
   Bodies held at once total at most ``max_pending x max_body_bytes`` and at most ``max_pending`` requests are in
   KServe at once; past either, a 503 with ``Retry-After``. A slow sender holds only the bytes it sent, so a few of
   them do not lock others out. KServe then reads the body from memory.
+- A JSON body (or a binary request's JSON header) with more commas than a full request has values is a 413 before
+  KServe parses it: the body cap alone would let ``0,0,0,...`` carry 16 times the values a request may hold.
 - No error body repeats a credential the request carried (``Authorization``, ``Cookie``, API-key headers) or the
   repository token: an error body holding one is replaced by a plain one.
 
@@ -22,7 +24,7 @@ import time
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
-from .limits import ServeLimits
+from .limits import VALUE_SLACK, ServeLimits
 
 Message = dict[str, Any]
 ASGIApp = Callable[[dict, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -66,6 +68,11 @@ class RequestGate:
         if body is None:
             return
         try:
+            if self._too_many_values(body, headers):
+                await _answer(send, 413, f"the request holds more than {self.limits.max_values} values, all that "
+                                         f"max_batch ({self.limits.max_batch}) requests of this model hold",
+                              {"connection": "close"})
+                return
             if self.pending >= self.limits.max_pending:
                 await _busy(send, f"{self.limits.max_pending} requests are running or waiting (max_pending)")
                 return
@@ -130,6 +137,13 @@ class RequestGate:
         finally:
             if not done:
                 self.buffered -= size
+
+    def _too_many_values(self, body: bytes, headers: dict[bytes, bytes]) -> bool:
+        if not self.limits.max_values:
+            return False
+        declared = headers.get(b"inference-header-content-length", b"")
+        end = min(int(declared), len(body)) if declared.isdigit() else len(body)  # binary tensors are not JSON
+        return body.count(b",", 0, end) > self.limits.max_values + VALUE_SLACK
 
     def _secrets(self, headers: dict[bytes, bytes]) -> list[bytes]:
         found = [] if self.repository_token is None else [self.repository_token.encode("utf-8")]

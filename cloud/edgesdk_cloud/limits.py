@@ -10,9 +10,12 @@ The arithmetic, for a model whose inputs hold ``V`` values per batch item (all i
 - ``max_body_bytes``: ``max_batch x V x JSON_BYTES_PER_VALUE`` (32: the longest float32 in JSON, ``-1.2345678e-05``
   with its separator, rounded up) ``+ HEADER_BYTES`` (64 KiB for names, ids and parameters). A binary request
   (4 bytes a float32 value) fits in it with room to spare;
-- a request in the server holds its body, its parse (a Python float is 24 bytes, plus 8 for its list slot: as big as
-  the JSON) and its numpy copy: ``REQUEST_COST_FACTOR`` (4) times the body, plus its answer (``32 x`` its values,
-  twice: the list and the JSON).
+- ``max_values``: ``max_batch x V``; a JSON body with more commas than that (plus ``VALUE_SLACK`` for shapes and
+  parameters) is refused before it is parsed, as short values (``0,``) would otherwise put 16 values in the space
+  the body cap allows one;
+- a request in the server holds its body twice (read here, then by KServe) and its parse: ``PARSE_BYTES_PER_VALUE``
+  (128: a Python float and its list slot, pydantic's copy, KServe's lists, the numpy row; 108 measured for a batch
+  of 4096 digits) per value, plus its answer (``32 x`` its values, twice: the list and the JSON).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ BATCH_CEILING = 4096  # beyond this a client should split its request: each row 
 BODY_BUDGET_BYTES = 64 << 20
 JSON_BYTES_PER_VALUE = 32
 HEADER_BYTES = 64 << 10
-REQUEST_COST_FACTOR = 4
+VALUE_SLACK = 1024
+PARSE_BYTES_PER_VALUE = 128
 MAX_PENDING = 4  # requests holding a body at once; engines run one at a time, so more would only queue
 BODY_TIMEOUT_S = 30.0  # a whole body, from its headers to its last byte: a slow sender is cut off
 MAX_CONNECTIONS = 64  # uvicorn's limit_concurrency: open connections, idle or not, before it answers 503
@@ -46,6 +50,7 @@ class ServeLimits:
     max_pending: int = MAX_PENDING
     max_connections: int = MAX_CONNECTIONS
     output_values: int = 0  # output values per batch item, for the answer's share of a request's cost
+    max_values: int = 0  # input values of a full request; 0: not checked
 
     @classmethod
     def for_manifest(cls, manifest: dict[str, Any], max_batch: int | None = None, max_body_bytes: int | None = None,
@@ -67,13 +72,13 @@ class ServeLimits:
             raise InputError(f"body_timeout_s must be a number of seconds in (0, 3600]; got {body_timeout_s!r}")
         _check_int("max_pending", max_pending, 1, 256)
         return cls(max_batch, max_body_bytes, float(body_timeout_s), max_pending,
-                   max(MAX_CONNECTIONS, 4 * max_pending), out_values)
+                   max(MAX_CONNECTIONS, 4 * max_pending), out_values, max_batch * values)
 
     @property
     def request_cost_bytes(self) -> int:
         """What one request at the caps holds in the server at its peak."""
         answer = 2 * JSON_BYTES_PER_VALUE * self.max_batch * self.output_values
-        return REQUEST_COST_FACTOR * self.max_body_bytes + answer
+        return 2 * self.max_body_bytes + PARSE_BYTES_PER_VALUE * (self.max_values + VALUE_SLACK) + answer
 
     def memory_mib(self, model_bytes: int) -> tuple[int, str]:
         """A memory request for the server (MiB, in steps of 128) and the arithmetic, as one line of text."""
@@ -81,8 +86,9 @@ class ServeLimits:
         requests = self.max_pending * self.request_cost_bytes
         mib = SERVER_BASE_MIB + 128 * math.ceil((model + requests) / (128 * MIB))
         return mib, (f"{SERVER_BASE_MIB} MiB server + 3 x {_mib(model_bytes)} model + {self.max_pending} requests "
-                     f"in flight x {_mib(self.request_cost_bytes)} (body cap {self.max_body_bytes} bytes x "
-                     f"{REQUEST_COST_FACTOR} + answer), rounded up to 128 MiB steps = {mib} MiB")
+                     f"in flight x {_mib(self.request_cost_bytes)} (2 x the body cap of {self.max_body_bytes} "
+                     f"bytes + {PARSE_BYTES_PER_VALUE} bytes x {self.max_values} values parsed + the answer), "
+                     f"rounded up to 128 MiB steps = {mib} MiB")
 
 
 def _item_values(tensor: dict[str, Any], batched: bool) -> int:

@@ -132,6 +132,12 @@ def test_a_batch_over_the_cap_is_a_400_naming_max_batch(plain, guarded):
     assert status == 413 and f"the request body is {len(body)} bytes" in answer["error"], answer
 
 
+def test_more_values_than_a_full_request_holds_is_a_413_before_parsing(plain):
+    body = json.dumps({"inputs": [tensor(data=[0] * 20_000)]}).encode()  # 60 KB, under the byte cap
+    status, answer, _ = raw(plain, post_head(plain, len(body)), body)
+    assert status == 413 and "holds more than 4096 values" in answer["error"], answer
+
+
 def binary(header: dict, payload: bytes, length: str | None = None) -> tuple[str, bytes]:
     head = json.dumps(header).encode()
     return length or str(len(head)), head + payload
