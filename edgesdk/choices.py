@@ -153,6 +153,7 @@ class CloudReason(Choice):
     NO_TOKEN = "no_token"
     MODEL_MISMATCH = "model_mismatch"
     TRANSPORT_ERROR = "transport_error"
+    RESPONSE_TOO_LARGE = "response_too_large"
 
 
 class EscalationReason(Choice):
