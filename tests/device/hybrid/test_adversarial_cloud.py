@@ -283,6 +283,26 @@ def test_an_echoed_token_is_never_shown_in_cloud_only_mode(hybrid, server, x):
     assert "denied: Bearer [redacted]" in text and len(caught.value.detail) < 600
 
 
+@pytest.mark.parametrize("json_output", [False, True], ids=["text", "json"])
+def test_edgesdk_run_in_cloud_only_mode_never_prints_an_echoed_token(server, digits_bundle, digits_images,
+                                                                     json_output):
+    """The finding as a user met it: ``edgesdk run --mode cloud-only`` printed the server's error, token included."""
+    import os
+    from pathlib import Path
+
+    server.infer = echo_error(401, True)
+    image = sorted((digits_images / "val" / "3").iterdir())[0]
+    command = [str(Path(sys.executable).parent / "edgesdk"), "run", str(digits_bundle.bundle), str(image), "--mode",
+               "cloud-only", "--cloud", server.url, "--token-env", "EDGESDK_TEST_TOKEN", "--require", "onnxruntime"]
+    proc = subprocess.run(command + (["--json"] if json_output else []), capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "EDGESDK_TEST_TOKEN": TOKEN})
+    printed = proc.stdout + proc.stderr
+    assert "rejected" in printed and "Traceback" not in printed, printed[-2000:]
+    assert TOKEN not in printed and "\x1b" not in printed
+    assert not any(line.startswith("edgesdk: result 7") for line in printed.splitlines())  # no fake line drawn
+    assert "[redacted]" in printed
+
+
 def test_prefer_cloud_degrades_too(hybrid, server, x):
     server.infer = outputs({**GOOD, "data": [math.nan] * 10})
     result = hybrid.predict(x, mode="prefer-cloud")
