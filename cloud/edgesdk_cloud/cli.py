@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from .limits import BODY_TIMEOUT_S, MAX_PENDING
+
 app = typer.Typer(help="The cloud side of hybrid mode: serve a bundle, export its deployment.")
 
 
@@ -23,14 +25,37 @@ def serve(
                                       "validation gate at quantize time, with a warning."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="HTTP port."),
+    repository_token_env: Optional[str] = typer.Option(None, "--repository-token-env", help="Turn on KServe's "
+                                                       "model-repository API (load, unload) for requests carrying "
+                                                       "`Authorization: Bearer <value of VAR>`; off without it (the "
+                                                       "token must be 16+ characters)."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch one request may carry "
+                                            "(default: 64, lower for big inputs)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body in bytes "
+                                                 "(default: the model's input values x max batch x 32 + 64 KiB)."),
+    body_timeout: float = typer.Option(BODY_TIMEOUT_S, "--body-timeout", help="Seconds a request body may take "
+                                       "to arrive (408 past it)."),
+    max_pending: int = typer.Option(MAX_PENDING, "--max-pending", help="Requests held at once (503 with "
+                                    "Retry-After past it)."),
 ) -> None:
     """Host a bundle's model in KServe's ModelServer, over the Open Inference Protocol V2 REST: the cloud side of
-    hybrid mode (needs kserve: the cloud extra of edgesdk). Runs until interrupted.
+    hybrid mode (needs kserve: pip install 'edgesdk-cloud[serve]'). Runs until interrupted. Request limits: see
+    the README's Limits section.
 
     Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
-    from edgesdk_cloud.server import serve as serve_bundle  # without kserve, it refuses naming the cloud extra
+    import os
 
-    serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed)
+    from edgesdk.errors import InputError
+    from edgesdk_cloud.server import serve as serve_bundle  # without kserve, it refuses naming what to install
+
+    token = None
+    if repository_token_env is not None:
+        token = os.environ.get(repository_token_env)
+        if not token:
+            raise InputError(f"--repository-token-env {repository_token_env}: that environment variable is not set")
+    serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed, repository_token=token,
+                 max_batch=max_batch, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
+                 max_pending=max_pending)
 
 
 export_app = typer.Typer(
@@ -60,12 +85,18 @@ def export_kserve(
     allow_failed: bool = typer.Option(False, "--allow-failed", help="Export an --artifact that failed its "
                                       "validation gate at quantize time (the image serves it with --allow-failed)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch one request may carry in the "
+                                            "served image (default: as edgesdk serve derives it)."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body in bytes in "
+                                                 "the served image (default: as edgesdk serve derives it)."),
 ) -> None:
     """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
-    (V2 protocol, port 8080) and a README with the build, push and apply commands."""
+    (V2 protocol, port 8080, memory sized for the request caps) and a README with the build, push and apply
+    commands."""
     from edgesdk_cloud.export import export_kserve as run_export
 
-    result = run_export(bundle, out, image=image, artifact=artifact, force=force, allow_failed=allow_failed)
+    result = run_export(bundle, out, image=image, artifact=artifact, force=force, allow_failed=allow_failed,
+                        max_batch=max_batch, max_body_bytes=max_body_bytes)
     _print_export(result, "KServe deployment")
     print(f"next: {result.out / 'README.md'} (docker build, docker push, kubectl apply)")
 

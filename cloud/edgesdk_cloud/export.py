@@ -252,7 +252,8 @@ def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str, caps: dict[st
     for option, value in caps.items():  # a cap left to its default is derived the same way by the server
         if value is not None:
             entrypoint += [option, str(value)]
-    requirement = f"edgesdk[cloud,{chosen.engine}]=={__version__}"
+    requirement = f"edgesdk-cloud[serve]=={__version__}"
+    engine_requirement = f"edgesdk[{chosen.engine}]=={__version__}"
     return f"""\
 # Written by edgesdk export kserve: a custom KServe predictor that serves, with edgesdk serve (KServe's ModelServer),
 # bundle {one_line(json.dumps(bundle.name))} version {_version(bundle)},
@@ -260,10 +261,11 @@ def _dockerfile(bundle: Bundle, chosen: Artifact, bundle_dir: str, caps: dict[st
 ARG PYTHON_VERSION={PYTHON_VERSION}
 FROM python:${{PYTHON_VERSION}}-slim
 
-# KServe's ModelServer (the cloud extra) and the engine of the served artifact. Another source of edgesdk
-# (a private index, a version): docker build --build-arg EDGESDK_REQUIREMENT=...
+# The cloud side with KServe's ModelServer (edgesdk-cloud[serve]) and the engine of the served artifact (an extra of
+# edgesdk). Another source or version: docker build --build-arg EDGESDK_REQUIREMENT=... --build-arg ENGINE_REQUIREMENT=...
 ARG EDGESDK_REQUIREMENT="{requirement}"
-RUN pip install --no-cache-dir "${{EDGESDK_REQUIREMENT}}"
+ARG ENGINE_REQUIREMENT="{engine_requirement}"
+RUN pip install --no-cache-dir "${{EDGESDK_REQUIREMENT}}" "${{ENGINE_REQUIREMENT}}"
 
 ENV PYTHONUNBUFFERED=1
 COPY {bundle_dir} {served}
@@ -383,7 +385,7 @@ Inference Protocol V2 (REST) on port {PORT}.
 | file | what |
 | --- | --- |
 | `{bundle_dir}/` | the bundle, verified (the manifest and the files it lists) |
-| `Dockerfile` | the predictor image: python, `edgesdk[cloud,{chosen.engine}]`, the bundle at `{MODELS_DIR}/{bundle_dir}` |
+| `Dockerfile` | the predictor image: python, `edgesdk-cloud[serve]` and `edgesdk[{chosen.engine}]`, the bundle at `{MODELS_DIR}/{bundle_dir}` |
 | `inferenceservice.yaml` | the InferenceService `{name}`: that image as a custom predictor, V2, port {PORT}, ready on `/v2/health/ready` |
 | `{MARKER}` | marks this folder as an export, so `edgesdk export ... --force` may replace it |
 

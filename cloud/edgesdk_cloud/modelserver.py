@@ -31,7 +31,7 @@ BINARY_HEADER_LENGTH = "inference-header-content-length"
 def require_kserve() -> None:
     if importlib.util.find_spec("kserve") is None:
         raise BackendUnavailable("kserve_missing", "edgesdk serve runs on the cloud side and needs KServe's "
-                                                   "ModelServer (pip install 'edgesdk[cloud]')")
+                                                   "ModelServer (pip install 'edgesdk-cloud[serve]')")
 
 
 def import_kserve():

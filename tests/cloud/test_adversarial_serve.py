@@ -6,6 +6,7 @@ is small or only declared, so a regression fails a test instead of hanging or ex
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import time
@@ -37,10 +38,16 @@ def plain(digits_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guarded(digits_bundle, tmp_path_factory):
-    """serve with the repository API on behind a token, a short body deadline and a small batch cap."""
-    options = {"repository_token": TOKEN, "body_timeout_s": 2, "max_batch": 8}
-    with CloudServer(digits_bundle.bundle, log_dir=tmp_path_factory.mktemp("guarded"), options=options) as running:
-        yield running
+    """serve with the repository API on behind a token, a short body deadline and a small batch cap, started from
+    the command line (the token comes from an environment variable, never from argv)."""
+    os.environ["EDGESDK_TEST_REPOSITORY_TOKEN"] = TOKEN  # the server process inherits it
+    try:
+        with CloudServer(digits_bundle.bundle, "--repository-token-env", "EDGESDK_TEST_REPOSITORY_TOKEN",
+                         "--body-timeout", "2", "--max-batch", "8",
+                         log_dir=tmp_path_factory.mktemp("guarded")) as running:
+            yield running
+    finally:
+        os.environ.pop("EDGESDK_TEST_REPOSITORY_TOKEN", None)
 
 
 def raw(server: CloudServer, head: str, body: bytes = b"", timeout_s: float = 10) -> tuple[int, dict, float]:

@@ -75,7 +75,9 @@ def test_dockerfile_installs_the_cloud_extra_and_serves_the_bundle_on_8080(kserv
     text = (out / "Dockerfile").read_text()
     assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}-slim$", text, re.M)
     assert re.search(r"^ARG PYTHON_VERSION=3\.\d+$", text, re.M)
-    assert 'ARG EDGESDK_REQUIREMENT="edgesdk[cloud,onnxruntime]==0.1.0"' in text
+    assert 'ARG EDGESDK_REQUIREMENT="edgesdk-cloud[serve]==0.1.0"' in text
+    assert 'ARG ENGINE_REQUIREMENT="edgesdk[onnxruntime]==0.1.0"' in text
+    assert 'RUN pip install --no-cache-dir "${EDGESDK_REQUIREMENT}" "${ENGINE_REQUIREMENT}"' in text
     assert 'RUN pip install --no-cache-dir "${EDGESDK_REQUIREMENT}"' in text
     assert re.search(r"^COPY digits\.bundle /mnt/models/digits\.bundle$", text, re.M)
     assert entrypoint(out) == ["edgesdk", "serve", "/mnt/models/digits.bundle", "--artifact", "onnxruntime-fp32",
@@ -87,7 +89,7 @@ def test_dockerfile_installs_the_cloud_extra_and_serves_the_bundle_on_8080(kserv
 def test_dockerfile_installs_the_engine_of_the_chosen_artifact(digits_bundle, tmp_path, artifact, extra):
     out = tmp_path / "out"
     assert export_kserve(digits_bundle.bundle, out, artifact=artifact).artifact == artifact
-    assert f'"edgesdk[cloud,{extra}]==0.1.0"' in (out / "Dockerfile").read_text()
+    assert f'ARG ENGINE_REQUIREMENT="edgesdk[{extra}]==0.1.0"' in (out / "Dockerfile").read_text()
     assert entrypoint(out)[3:5] == ["--artifact", artifact]
     assert yaml.safe_load((out / "inferenceservice.yaml").read_text())["metadata"]["annotations"][
         "edgesdk/artifact"] == artifact

@@ -185,7 +185,7 @@ def test_a_device_install_says_how_to_get_kserve(digits_bundle):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3
     assert "Traceback" not in proc.stderr
-    assert "pip install 'edgesdk[cloud]'" in proc.stderr and "reason: kserve_missing" in proc.stderr
+    assert "pip install 'edgesdk-cloud[serve]'" in proc.stderr and "reason: kserve_missing" in proc.stderr
 
 
 def test_the_default_artifact_is_the_most_accurate_float_one(digits_bundle, bundle_copy):
