@@ -114,20 +114,20 @@ class _DeadlineSocket:
             raise TimeoutError("the request's deadline passed")
         self._sock.settimeout(left)
 
-    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+    def recv_into(self, buffer, *args) -> int:  # the arguments as given: an SSL socket's defaults differ
         self._arm()
-        return self._sock.recv_into(buffer, nbytes, flags)
+        return self._sock.recv_into(buffer, *args)
 
-    def recv(self, size: int, flags: int = 0) -> bytes:
+    def recv(self, size: int, *args) -> bytes:
         self._arm()
-        return self._sock.recv(size, flags)
+        return self._sock.recv(size, *args)
 
-    def sendall(self, data, flags: int = 0) -> None:
+    def sendall(self, data) -> None:
         # One send per turn, each with the time left (an SSL socket's sendall would give every send a fresh timeout).
         view = memoryview(data).cast("B")
         while view:
             self._arm()
-            sent = self._sock.send(view[:READ_CHUNK], flags)
+            sent = self._sock.send(view[:READ_CHUNK])
             view = view[sent:]
 
     def makefile(self, mode: str = "rb", *args, **kwargs):

@@ -37,12 +37,13 @@ class MaliciousServer:
     ``POST .../infer`` by ``self.infer(conn, request)`` (it writes what it likes and returns whether the connection
     stays open). ``request`` has ``headers`` (lower-case names), ``body`` and ``json``."""
 
-    def __init__(self, manifest: dict):
+    def __init__(self, manifest: dict, tls=None):
         self.manifest = manifest
         self.infer = good
+        self.tls = tls  # an ssl.SSLContext: HTTPS
         self.stop = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
@@ -58,6 +59,12 @@ class MaliciousServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
         with conn:
             reader = conn.makefile("rb")
             try:
@@ -301,6 +308,38 @@ def test_edgesdk_run_in_cloud_only_mode_never_prints_an_echoed_token(server, dig
     assert TOKEN not in printed and "\x1b" not in printed
     assert not any(line.startswith("edgesdk: result 7") for line in printed.splitlines())  # no fake line drawn
     assert "[redacted]" in printed
+
+
+def test_over_tls_the_deadline_holds_too(digits_bundle, tmp_path, x):
+    """The TLS path has its own reads and writes (handshake, records): a trickled body and a server that accepts
+    the connection but never answers the handshake both end at the deadline."""
+    import shutil
+    import ssl
+
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make a test certificate", pytrace=False)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    manifest = Bundle.open(digits_bundle.bundle).manifest
+    srv = MaliciousServer(manifest, tls=context)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never speaks TLS
+    try:
+        c = client(srv, cafile=str(cert), expected_outputs=manifest["outputs"], max_attempts=3)
+        assert c.infer([x], ["x"])[0].shape == (1, 10)  # an honest answer over TLS
+        srv.infer = trickle(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for target in (c, CloudClient(f"https://127.0.0.1:{silent.getsockname()[1]}", "digits", cafile=str(cert),
+                                      deadline_s=DEADLINE_S, timeout_s=DEADLINE_S, binary=False)):
+            t0 = time.monotonic()
+            with pytest.raises(CloudTimeout):
+                target.infer([x], ["x"])
+            assert time.monotonic() - t0 < DEADLINE_S + SLACK_S
+    finally:
+        srv.close()
+        silent.close()
 
 
 def test_prefer_cloud_degrades_too(hybrid, server, x):
