@@ -277,15 +277,17 @@ def read_golden(path: Path, inputs: list[dict[str, Any]], outputs: list[dict[str
         raise refused(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refused) -> tuple[tuple[int, ...], bool,
-                                                                                            np.dtype]:
+_Header = tuple[tuple[int, ...], bool, np.dtype]  # shape, fortran_order, dtype: what a .npy header declares
+
+
+def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refused) -> _Header:
     """(shape, fortran_order, dtype) of member ``name`` from its .npy header, checked against the tensor ``spec``."""
     try:
         npz.getinfo(f"{name}.npy")
     except KeyError:
         held = ", ".join(bundle_schema._show(n) for n in npz.namelist()[:12])
         raise refused(f"it has no member {name!r} (the manifest's tensor {bundle_schema._show(spec['name'])}); "
-                      f"it holds {held or 'nothing'}")
+                      f"it holds {held or 'nothing'}") from None
     with npz.open(f"{name}.npy") as fh:
         shape, fortran, dtype = _npy_header(fh, name, refused)
     if dtype.hasobject:
@@ -294,7 +296,7 @@ def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refuse
         raise refused(f"member {name!r} has dtype {dtype}, not a number type")
     try:
         expected = np.dtype(spec["dtype"])
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         expected = None  # a name numpy does not know (bfloat16): the engine is the judge
     if expected is not None and (dtype.kind, dtype.itemsize) != (expected.kind, expected.itemsize):
         raise refused(f"member {name!r} is {dtype.name}; the manifest says {spec['dtype']!r}")
@@ -305,7 +307,7 @@ def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refuse
     return shape, fortran, dtype
 
 
-def _npy_header(fh, name: str, refused) -> tuple[tuple[int, ...], bool, np.dtype]:
+def _npy_header(fh, name: str, refused) -> _Header:
     version = np.lib.format.read_magic(fh)
     if version == (1, 0):
         return np.lib.format.read_array_header_1_0(fh)
