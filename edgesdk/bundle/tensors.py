@@ -7,15 +7,23 @@ same tensors go to either, and the same postprocessing reads either's answer).
 from __future__ import annotations
 
 import math
+import os
+import stat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import BudgetExceeded, InputError
 
+# Limits read at each call, so an app raises them by setting these module values (as with Pillow's own).
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
+MAX_IMAGE_BYTES = 64 << 20  # an image file larger than this is refused before a byte is read
 MAX_ARRAY_ELEMENTS = 100_000_000
+# What one pixel costs while it is decoded and converted: Pillow keeps RGB(A), CMYK, I and F pixels in 4 bytes,
+# and the conversion to the model's colour makes a second image of the same size.
+IMAGE_BYTES_PER_PIXEL = 8
+_MB = 1024 * 1024
 
 
 class Top(NamedTuple):
@@ -30,15 +38,20 @@ class BundleIO:
     """The input and output side of one bundle (its manifest's ``inputs``, ``preprocess``, ``postprocess`` and
     ``labels``)."""
 
-    def __init__(self, bundle: Any):
+    def __init__(self, bundle: Any, memory_room_mb: Callable[[], float] | None = None):
+        """``memory_room_mb()``: how many MB the memory budget leaves now (None: no budget to respect); an image
+        whose decoding would take more is refused with :class:`BudgetExceeded` before it is decoded."""
         self.name = bundle.name
+        self._memory_room_mb = memory_room_mb
         self._pre = bundle.preprocess
         self.inputs = bundle.manifest["inputs"]
         self._inputs = self.inputs
         self._shapes = [tuple(t["shape"]) for t in self._inputs]
         self._post = bundle.manifest.get("postprocess") or {}
         self._softmax = bool(self._post.get("softmax"))
-        self._top_k = int(self._post.get("top_k", 5))
+        top_k = self._post.get("top_k", 5)
+        # a manifest value: anything but a non-negative int gives the default rather than a crash at predict
+        self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
         self.labels = bundle.labels
         self._labels = self.labels
 
@@ -49,9 +62,10 @@ class BundleIO:
     def probabilities(self, outputs: list[np.ndarray]) -> np.ndarray | None:
         """The class probabilities of a classification output (softmax applied when the manifest says the model
         gives logits), or None for other models."""
-        if not self.classification:
+        scores = _class_scores(outputs) if self.classification else None
+        if scores is None:
             return None
-        scores = outputs[0].reshape(-1).astype(np.float64)
+        scores = scores.astype(np.float64)
         if self._softmax:
             e = np.exp(scores - scores.max())
             scores = e / e.sum()
@@ -80,8 +94,7 @@ class BundleIO:
             if self._pre is None:
                 raise InputError(f"bundle {self.name!r} has no preprocess spec: pass a float array of "
                                  f"shape {list(self._shapes[0])}")
-            _check_image_size(x)
-            return self._pre(x)
+            return self._pre(self._image(x))
         return self._array(x, 0)
 
     def _array(self, x: Any, i: int) -> np.ndarray:
@@ -109,13 +122,19 @@ class BundleIO:
         return arr
 
     def top(self, outputs: list[np.ndarray]) -> list[Top]:
-        if self._post.get("type") != "classification":
+        """The top-k classes of a classification output; empty for outputs that are not class scores (no output,
+        no element, a dtype that is not numeric)."""
+        scores = _class_scores(outputs) if self.classification else None
+        if scores is None:
             return []
-        scores = outputs[0].reshape(-1)
+        if scores.dtype.kind != "f":
+            scores = scores.astype(np.float64)  # negating int8 -128 wraps
         if self._softmax:
             e = np.exp(scores - scores.max(), dtype=np.float64)
             scores = e / e.sum()
         k = min(self._top_k, scores.size)
+        if k == 0:
+            return []
         idx = np.argsort(-scores, kind="stable") if scores.size <= 64 else np.argpartition(-scores, k - 1)
         idx = idx[:k]
         if scores.size > 64:
@@ -124,30 +143,87 @@ class BundleIO:
         return [Top(i, labels[i] if i < len(labels) else None, v)
                 for i, v in zip(idx.tolist(), scores[idx].tolist())]
 
+    def _image(self, x: Any) -> Any:
+        """``x`` as an image the preprocess may decode: a path is opened here (a regular file of at most
+        MAX_IMAGE_BYTES, without blocking) and decoded once its header's size is known to fit."""
+        if isinstance(x, (str, Path)):
+            return self._decoded(Path(x))
+        if isinstance(x, np.ndarray):
+            h, w = x.shape[:2] if x.ndim >= 2 else (x.size, 1)
+        else:
+            w, h = x.size
+        self._check_pixels(w, h, "")
+        return x
 
-
-def _check_image_size(x: Any) -> None:
-    """Refuse absurd images from their header, before decoding a single pixel."""
-    if isinstance(x, (str, Path)):
+    def _decoded(self, path: Path) -> Any:
         from PIL import Image, UnidentifiedImageError
 
+        with _open_regular(path, "image") as f:
+            try:
+                img = Image.open(f)
+                self._check_pixels(*img.size, str(path))
+                img.load()  # decoded now: the file may close (no copy, which would cost a third image)
+                return img
+            except Image.DecompressionBombError as exc:
+                raise InputError(f"{path}: image is too large to decode safely ({exc})") from exc
+            except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
+                raise InputError(f"{path} is not a readable image: {exc}") from exc
+
+    def _check_pixels(self, w: int, h: int, path: str) -> None:
+        where = f"{path}: " if path else ""
+        if w * h == 0:
+            raise InputError(f"{where}image is {w}x{h} pixels: empty")
+        if w * h > MAX_IMAGE_PIXELS:
+            raise InputError(f"{where}image is {w}x{h} pixels; more than {MAX_IMAGE_PIXELS} is refused "
+                             f"(edgesdk.bundle.tensors.MAX_IMAGE_PIXELS)")
+        needed = w * h * IMAGE_BYTES_PER_PIXEL / _MB
+        if self._memory_room_mb is not None and needed > 1.0:  # a small image costs less than measuring the RSS
+            room = self._memory_room_mb()
+            if needed > room:
+                raise BudgetExceeded("memory", f"{where}decoding a {w}x{h} image needs ~{needed:.1f} MB; the memory "
+                                               f"budget leaves {max(room, 0.0):.1f} MB",
+                                     needed=round(needed, 2), available=round(max(room, 0.0), 2))
+
+
+def _class_scores(outputs: list[np.ndarray]) -> np.ndarray | None:
+    """The first output as a flat vector of class scores, or None when it cannot be one."""
+    if not outputs:
+        return None
+    scores = np.asarray(outputs[0]).reshape(-1)
+    if scores.size == 0 or scores.dtype.kind not in "fiu":
+        return None
+    return scores
+
+
+class _open_regular:
+    """``with _open_regular(path, what) as f:`` a binary file on ``path``, which must be a regular file of at most
+    MAX_IMAGE_BYTES. Opened without blocking (a FIFO with no writer would wait forever) and checked on the open
+    descriptor, so the file checked is the file read."""
+
+    def __init__(self, path: Path, what: str):
         try:
-            with Image.open(x) as img:
-                w, h = img.size
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as exc:
-            raise InputError(f"image not found: {x}") from exc
-        except Image.DecompressionBombError as exc:
-            raise InputError(f"{x}: image is too large to decode safely ({exc})") from exc
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise InputError(f"{x} is not a readable image: {exc}") from exc
-    elif isinstance(x, np.ndarray):
-        h, w = x.shape[:2] if x.ndim >= 2 else (x.size, 1)
-    else:
-        w, h = x.size
-    if w * h == 0:
-        raise InputError(f"image is {w}x{h} pixels: empty")
-    if w * h > MAX_IMAGE_PIXELS:
-        raise InputError(f"image is {w}x{h} pixels; more than {MAX_IMAGE_PIXELS} is refused")
+            raise InputError(f"{what} not found: {path}") from exc
+        except OSError as exc:
+            raise InputError(f"{what} {path} cannot be opened: {exc.strerror or exc}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError(f"{what} {path} is not a regular file; only regular files are read as {what}s")
+            if st.st_size > MAX_IMAGE_BYTES:
+                raise InputError(f"{what} {path} is {st.st_size} bytes; more than {MAX_IMAGE_BYTES} is refused "
+                                 f"(edgesdk.bundle.tensors.MAX_IMAGE_BYTES)")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._file = os.fdopen(fd, "rb")
+
+    def __enter__(self):
+        return self._file
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
 
-__all__ = ["BundleIO", "Top", "MAX_IMAGE_PIXELS", "MAX_ARRAY_ELEMENTS"]
+__all__ = ["BundleIO", "Top", "MAX_IMAGE_PIXELS", "MAX_IMAGE_BYTES", "MAX_ARRAY_ELEMENTS"]

@@ -53,7 +53,8 @@ def nothing_serves(bundle: Bundle, skipped: list[Skip], over_budget: list[Budget
                    unverified: set[tuple[str, str]]) -> Exception:
     """The error when the walk tried every candidate and none serves. Memory is the answer when every candidate
     that exists here was ruled out by the budget; a file that crashed its isolated probe is the bundle's fault
-    (:class:`BundleError`); else :class:`BackendUnavailable` with the first real reason, listing every candidate."""
+    (:class:`BundleError`); else :class:`BackendUnavailable` with the first reason of a backend that is here and
+    failed (before any engine or device that is missing), listing every candidate."""
     absent = (BudgetReason.MEMORY, BackendReason.DEVICE_MISSING, BackendReason.ENGINE_MISSING,
               BackendReason.VALIDATION_FAILED)
     if over_budget and all(s.reason in absent for s in skipped if selection.meets(s.candidate, require)):
@@ -69,7 +70,11 @@ def nothing_serves(bundle: Bundle, skipped: list[Skip], over_budget: list[Budget
         return BundleError(f"bundle {bundle.name!r}: {crashed[0].candidate.artifact} failed its isolated probe and "
                            f"no other candidate serves: " + "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})"
                                                                       for s in tried))
-    first = next((s for s in tried if s.reason != BackendReason.VALIDATION_FAILED), tried[0] if tried else None)
+    # A backend that exists here and failed (numerics, compile, run...) says more than one that is not here: a
+    # device_missing from a GPU tried first must not hide that every CPU artifact failed its numerics check.
+    found_here = [s for s in tried if s.reason not in absent]
+    first = next(iter(found_here), next((s for s in tried if s.reason != BackendReason.VALIDATION_FAILED),
+                                        tried[0] if tried else None))
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
     return BackendUnavailable(first.reason if first else BackendReason.NO_CANDIDATE,
                               f"no backend can serve {bundle.name!r}"

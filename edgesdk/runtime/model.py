@@ -6,12 +6,14 @@ they change and shared by its results.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..budgets import memory
 from ..bundle.reader import Bundle
 from ..bundle.tensors import BundleIO
 from ..choices import BackendReason
@@ -41,7 +43,9 @@ class Model(Closeable):
                            engine_options, isolate)
         self._engine = engine
         self._lock = threading.Lock()
-        self.io = BundleIO(bundle)
+        limit_mb = (self.budget.get("memory") or {}).get("limit_mb")
+        # the room the memory budget leaves when a large image is about to be decoded
+        self.io = BundleIO(bundle, None if limit_mb is None else lambda: limit_mb - memory.rss_mb())
         self._feeds, self._top = self.io.feeds, self.io.top  # bound once: called on every prediction
 
     @property
@@ -97,6 +101,7 @@ class Model(Closeable):
                 raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
                                                                    f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
+        _check_finite(outputs, self.bundle.name)
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
         return Result(outputs, placement, timings, budget=budget, _topk=self._top)
 
@@ -125,6 +130,8 @@ class Model(Closeable):
                 raise BackendUnavailable(BackendReason.RUN_FAILED, f"{placement.engine}:{placement.device} failed "
                                                                    f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
+        for i, out in enumerate(outputs):
+            _check_finite(out, self.bundle.name, f"input {i} of the batch")
         timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
         return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]
 
@@ -137,6 +144,19 @@ class Model(Closeable):
 
     def __repr__(self) -> str:
         return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
+
+
+def _check_finite(outputs: Sequence[np.ndarray], name: str, which: str = "the input") -> None:
+    """Refuse outputs holding NaN or Inf: inputs are checked finite before they run, so a non-finite answer means
+    values the model cannot take (e.g. 3e38 everywhere overflows its first layer). The numerics check holds loaded
+    models to finite golden outputs, so a served model never answers NaN for what it was built for."""
+    for j, out in enumerate(outputs):
+        if out.dtype.kind != "f":
+            continue
+        # one BLAS pass (NaN and Inf propagate into the sum of squares); the exact check only when it overflows
+        if not math.isfinite(float(np.vdot(out, out))) and not np.isfinite(out).all():
+            raise InputError(f"model {name!r} gave NaN or Inf in output {j} for {which}: its values are outside what "
+                             f"the model can take (finite, but too large in magnitude for its arithmetic)")
 
 
 __all__ = ["Model"]

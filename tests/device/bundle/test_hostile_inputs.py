@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
@@ -36,6 +36,8 @@ def good(model, digits_images):
 
 
 def _answers_or_refuses(model, value, good) -> None:
+    # An accepted input gives finite outputs: a finite input whose outputs are not (e.g. 3e38 everywhere overflows
+    # the first layer) is refused by predict with an InputError, like a NaN input.
     try:
         result = model.predict(value)
     except InputError:
@@ -95,5 +97,7 @@ ARRAYS = hnp.arrays(
     st.recursive(st.none() | st.booleans() | st.floats() | st.integers(-10**30, 10**30) | st.text(max_size=4),
                  lambda inner: st.lists(inner, max_size=9) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
                  max_leaves=80)))
+@example(np.full((1, 1, 8, 8), 3e38, np.float32))  # finite, but the model's outputs are NaN: was a flaky failure
+@example(np.full((1, 1, 8, 8), -3e38, np.float32))
 def test_any_tensor_input_gives_a_result_or_an_input_error(model, good, value):
     _answers_or_refuses(model, value, good)
