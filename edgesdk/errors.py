@@ -108,8 +108,8 @@ class CloudError(EdgeSDKError):
     """A call to the cloud endpoint failed.
 
     ``reason`` is a :class:`~edgesdk.choices.CloudReason` (``timeout``, ``unreachable``, ``overloaded``,
-    ``circuit_open``, ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``tls``, ``no_token``,
-    ``model_mismatch``, ``transport_error``); ``detail`` is for humans (for a rejection, the server's ``error``
+    ``circuit_open``, ``retry_budget``, ``rejected``, ``server_error``, ``bad_response``, ``response_too_large``, ``tls``,
+    ``no_token``, ``model_mismatch``, ``transport_error``); ``detail`` is for humans (for a rejection, the server's ``error``
     message); ``status`` is the last HTTP status, when one came; ``attempts`` how many requests were sent.
     """
 
