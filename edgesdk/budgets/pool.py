@@ -115,7 +115,7 @@ class ModelPool(Closeable):
                             BudgetReason.MEMORY, f"{exc.detail}; every loaded model is in use ({held}) and none "
                             f"was returned within {self.wait_s:g} s (ModelPool wait_s)",
                             needed=exc.needed, available=exc.available) from exc
-                    self._released.wait(min(left, 0.1))  # a lease ends (notified) or a get() caller's call does (polled)
+                    self._released.wait(min(left, 0.1))  # a lease ends (notified), a get() caller's call (polled)
                     entry = self._entries.get(key)
                     if entry is not None:  # another thread loaded it while this one waited
                         entry.last_used = time.monotonic()
