@@ -309,39 +309,44 @@ def run(
         print(json.dumps(out, indent=2, default=str))
         _exit(refused, bad_input)
         return
+    from ..bundle.report import printable
+
+    def say(line: str) -> None:  # labels, paths and engine or server text are data: never terminal controls
+        print(printable(line))
+
     if mode != "device-only":
-        print(f"hybrid: {mode} with {cloud} (escalates when {model.policy.signal} crosses "
+        say(f"hybrid: {mode} with {cloud} (escalates when {model.policy.signal} crosses "
               f"{model.policy.threshold:g})")
     if device_model is None:
-        print(f"placement: none on this device ({model.device_error}); the cloud answers")
+        say(f"placement: none on this device ({model.device_error}); the cloud answers")
     pl = device_model.placement if device_model is not None else None
     if pl is not None:
-        print(f"placement: {pl}")
-        print(f"  numerics: {pl.numerics}")
+        say(f"placement: {pl}")
+        say(f"  numerics: {pl.numerics}")
         race = pl.engine_choice
         if race:  # edgesdk.runtime.precision_choice race: which engine and precision are fastest here?
             times = ", ".join(f"{label.split(':')[-1]} {ms} ms" for label, ms in race["timings_ms"].items())
-            print(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
+            say(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
                   f"first: {race['incumbent']})")
         choice = pl.precision_choice
         if choice:  # edgesdk.runtime.precision_choice: was INT8 faster than FP32 here?
             seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"
-            print(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; {choice['method']})")
+            say(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; {choice['method']})")
         mem = device_model.budget.get("memory", {})
         switched = device_model.budget.get("action") == "artifact_switched"
-        print(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
+        say(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
               f"{', artifact switched to fit' if switched else ''}")
         for s in pl.skipped:
-            print(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
+            say(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
     if governor is not None:
         st = governor.state()
-        print(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
+        say(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
     for p, r in zip(inputs, results):
         if isinstance(r, InputError):
-            print(f"{p}: error: {r}")
+            say(f"{p}: error: {r}")
             continue
         if isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)):
-            print(f"{p}: refused ({r.reason}): {r.detail}")
+            say(f"{p}: refused ({r.reason}): {r.detail}")
             continue
         if r.top:
             answer = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
@@ -357,7 +362,7 @@ def run(
             notes.append(f"escalated: {r.escalation_reason}")
         if r.degraded:
             notes.append(f"degraded: cloud {r.cloud_error}")
-        print(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
+        say(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
     _exit(refused, bad_input)
 
 

@@ -197,3 +197,13 @@ def test_run_when_every_artifact_failed_exits_3_with_the_reason(run_cli, bundle_
     assert proc.returncode == 3, proc.stderr
     assert "reason: validation_failed" in proc.stderr.splitlines()
     assert "re-quantize the bundle" in proc.stderr and "--allow-failed" in proc.stderr
+
+
+def test_run_prints_terminal_controls_in_its_text_escaped(run_cli, digits_bundle, images, tmp_path):
+    """A file name (or any text that is data) holding an escape sequence cannot clear the screen or draw a line."""
+    evil = tmp_path / "x\x1b[2J\rfake: 9: 1.000.png"
+    evil.write_bytes(images[0].read_bytes())
+    proc = run_cli("run", digits_bundle.bundle, evil)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\r" not in proc.stdout
+    assert "x\\x1b[2J\\x0dfake: 9: 1.000.png: 3: " in proc.stdout
