@@ -55,7 +55,8 @@ except (ImportError, ValueError, OSError):
     pass
 args = ARGS
 import importlib
-import numpy as np
+from pathlib import Path
+from edgesdk.bundle.reader import read_golden
 from edgesdk.engines import open_engine, register_backend
 from edgesdk.errors import BackendUnavailable, EdgeSDKError
 from edgesdk.runtime.numerics import golden_feeds
@@ -70,8 +71,9 @@ try:
         register_backend(args["engine"], backend)
     runs = []
     if args["golden"] is not None:
-        with np.load(args["golden"], allow_pickle=False) as golden:
-            runs = golden_feeds({k: golden[k] for k in golden.files}, args["inputs"])
+        # the members the manifest names, checked from their headers first, as the parent reads them
+        golden = read_golden(Path(args["golden"]), args["tensor_inputs"], args["tensor_outputs"])
+        runs = golden_feeds(golden, len(args["tensor_inputs"]))
     engine = open_engine(args["engine"], args["model"], **args["options"])
     try:
         for i, feeds in enumerate(runs):
@@ -104,7 +106,7 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
         "engine": engine, "model": str(art.model_path.resolve()),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in options.items()},
         "golden": str(safe_member(bundle.root, golden[0]["path"])) if golden else None,
-        "inputs": len(bundle.manifest["inputs"]),
+        "tensor_inputs": bundle.manifest["inputs"], "tensor_outputs": bundle.manifest["outputs"],
         "plugin": _plugin(engine, where),
     }
     try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import selection
 from ..choices import Performance, Policy, SpeedCheck
+from ..bundle.schema import MAX_THREADS  # the same bound as a manifest's runtime.num_threads
 from ..errors import InputError
 from ..hybrid.model import HybridOptions
 from ..trust import Trust
@@ -105,8 +106,8 @@ class RuntimeOptions:
         object.__setattr__(self, "performance", Performance.parse(self.performance, "performance", InputError))
         object.__setattr__(self, "speed_check", SpeedCheck.parse(self.speed_check, "speed_check", InputError))
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
-                                         or not 1 <= self.threads <= 256):
-            raise InputError(f"threads must be an integer from 1 to 256, got {self.threads!r}")
+                                         or not 1 <= self.threads <= MAX_THREADS):
+            raise InputError(f"threads must be an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
 
 
 def merge_options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> RuntimeOptions:
