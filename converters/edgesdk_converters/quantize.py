@@ -116,6 +116,7 @@ def quantize(
     say(f"calibration: {len(picked)} of {calib_ds.origin} (seed {seed})")
     calib_samples = calibration.materialize(calib_ds.subset(picked), bar("loading calibration data"))
     names = calib_ds.label_names or label_names
+    _check_label_text(names)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -262,6 +263,15 @@ def _labels(labels) -> list[str] | None:
     if not path.is_file():
         raise CalibrationError(f"labels file not found: {path}")
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _check_label_text(names: list[str] | None) -> None:
+    """Labels are written into the manifest and printed by devices: one line of printable text each (the bundle
+    reader refuses anything else, so a bundle with such a label would be written and then refused)."""
+    for i, name in enumerate(names or []):
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise CalibrationError(f"label {i} {name!r} must be one line of printable text (no control characters "
+                                   "or line breaks): labels are written into the manifest and shown on devices")
 
 
 def _progress_bar(enabled: bool):

@@ -399,3 +399,12 @@ def test_quantize_takes_options_and_keyword_shortcuts_and_names_an_unknown_one(t
         quantize("model.onnx", "calib", tmp_path / "b", opts, sampels=10)
     with pytest.raises(ConversionError, match="tflite_io"):  # before the (missing) source is opened
         quantize(tmp_path / "missing.onnx", tmp_path / "calib", tmp_path / "b", tflite_io="int4")
+
+
+def test_a_label_with_control_characters_is_refused_before_conversion(tmp_path, digits_npz):
+    """The device's bundle reader refuses such a label, so quantize must not write it."""
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(["zero", "one\x1b[2J", *map(str, range(2, 10))]) + "\n")
+    with pytest.raises(CalibrationError, match=r"label 1 'one\\x1b\[2J' must be one line of printable text"):
+        quantize(DIGITS_ONNX, digits_npz, tmp_path / "b", labels=labels, targets=["onnx"], samples=20)
+    assert not (tmp_path / "b").exists()
