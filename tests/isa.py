@@ -36,6 +36,7 @@ QEMU_NAMES = ("qemu-x86_64", "qemu-x86_64-static")  # Debian packages qemu-user,
 # without AVX2 emulation (< 7.2) fail at start.
 QEMU_CPU = "Haswell,-pcid,-x2apic,-tsc-deadline,-hle,-rtm,-invpcid,enforce"
 ONEDNN_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+# numpy's CPUID table: private to numpy, and the only reader of CPUID in the packages we have
 _PROBE = ("from numpy._core._multiarray_umath import __cpu_features__ as f; "
           "print(int(f['AVX2']), int(f['FMA3']), int(f['AVX512F']), int(f['AVX512VNNI']))")
 

@@ -65,6 +65,7 @@ def test_every_writer_escapes_a_string_that_got_past_the_check(digits_bundle):
     limits = ServeLimits.for_manifest(bundle.manifest)
     names = {"inputs": ["x"], "outputs": ["output_0"]}
     texts = {
+        # private: each writer alone, fed a crafted manifest the public export refuses
         "Dockerfile": export._dockerfile(bundle, chosen, "digits.bundle", {}),
         "inferenceservice.yaml": export._inference_service(bundle, chosen, "img:1", limits),
         "README.md": export._kserve_readme(bundle, chosen, "img:1", "digits.bundle", limits),

@@ -12,6 +12,7 @@ import pytest
 
 import edgesdk
 from edgesdk import Bundle
+# private: the sweep and the choice rule, tested apart from the cloud
 from edgesdk_converters.escalation import _choose, _sweep
 
 EDGESDK = str(Path(sys.executable).parent / "edgesdk")

@@ -341,6 +341,11 @@ class ThermalGovernor:
         return BudgetExceeded("thermal", f"the device is {self.level} ({reading.source} reports level {hint}); {what}")
 
     # -- reporting -----------------------------------------------------------------------------------------
+    @property
+    def rate_limit(self) -> float | None:
+        """The adaptive pacing limit in inferences per second (warm, with ``adaptive``), None when not pacing."""
+        return self._rate_limit
+
     def state(self) -> dict:
         """The governor as of its last read, JSON-safe (call :meth:`poll` first for a fresh one)."""
         with self._lock:
@@ -354,6 +359,7 @@ class ThermalGovernor:
                                    "hold_c": self.hold_c},
                     "last_read": None if self._reading is None else self._read_at,
                     "pacing_ms": plan.interval_s * 1e3,
+                    "rate_limit_per_s": self._rate_limit,
                     "threads": plan.threads,
                     "critical_mode": self.actions.critical["mode"],
                     "level_changes": len(self.changes),

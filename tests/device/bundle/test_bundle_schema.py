@@ -285,6 +285,7 @@ def _external_bundle(root: Path, location: str = "weights.bin", listed: bool = T
         onnx.save_model(model, root / "onnx" / "model.onnx")
     files = ["onnx/model.onnx"] + (["onnx/weights.bin"] if listed else [])
     seed = json.loads(fuzz_bundle.seed_files()["manifest.json"])
+    # the fuzz module's own manifest-entry helper
     seed["artifacts"][0]["files"] = [fuzz_bundle._entry(f, (root / f).read_bytes()) for f in files]
     (root / "manifest.json").write_text(json.dumps(seed))
     return root
@@ -317,6 +318,7 @@ def test_external_data_location_that_is_not_utf8_is_still_checked(tmp_path):
     model = fuzz_bundle.onnx_with_external_data(b"../\xff/weights.bin")
     (root / "onnx" / "model.onnx").write_bytes(model)
     manifest = json.loads((root / "manifest.json").read_text())
+    # the fuzz module's own manifest-entry helper
     manifest["artifacts"][0]["files"][0] = fuzz_bundle._entry("onnx/model.onnx", model)
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match=r"names external data \"../\\udcff/weights.bin\", which escapes"):
@@ -368,7 +370,7 @@ def test_locations_found_in_an_over_long_encoding(tmp_path):
 
 def test_locations_match_the_onnx_package(tmp_path):
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
+    from onnx.external_data_helper import _get_all_tensors  # onnx's own walk over tensors
 
     model = _onnx_model()
     bias = onnx.numpy_helper.from_array(np.ones(4, np.float32), "B")

@@ -14,6 +14,7 @@ import random
 import numpy as np
 import pytest
 
+# _decode/_encode: the V2 wire format alone
 from edgesdk.hybrid.client import CircuitBreaker, CloudClient, Response, RetryBudget, _decode, _encode
 from edgesdk.hybrid.transport import MockTransport, Request
 from edgesdk.errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError

@@ -40,6 +40,7 @@ def test_throughput_asks_openvino_for_parallel_streams(digits_bundle):
     with edgesdk.load(digits_bundle.bundle, engine="openvino", policy="cpu-only", performance="throughput") as fast, \
             edgesdk.load(digits_bundle.bundle, engine="openvino", policy="cpu-only") as plain:
         # private: what OpenVINO compiled with is visible only on its compiled model, which no public API exposes
+        # private: OpenVINO's compiled model, the only place the hint shows
         assert str(fast._engine._compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
         assert str(plain._engine._compiled.get_property("PERFORMANCE_HINT")) == "LATENCY"
         assert plain.parallel_requests == 1
@@ -80,7 +81,7 @@ def test_load_uses_the_compile_cache(digits_bundle, inputs, tmp_path, engine, ki
     for _ in range(2):
         with edgesdk.load(digits_bundle.bundle, engine=engine, policy="cpu-only", cache_dir=tmp_path) as model:
             # private: the engine's compile-cache state is not part of the public Model API
-            assert model._engine.cache == kind
+            assert model._engine.cache == kind  # private: the engine's cache state, which no result reports
             states.append(model._engine.cache_state)
             for x, want in zip(inputs[:5], expected):
                 np.testing.assert_array_equal(model.predict(x).outputs[0], want)

@@ -91,6 +91,7 @@ def test_int8_measured_slower_serves_fp32_and_next_load_starts_there(digits_bund
         pl = model.placement
         assert (pl.artifact, pl.precision) == (FP32, "fp32")
         # private: proves the FP32 file itself is what runs, not only what the placement says
+        # private: the file the engine really opened, not what placement claims
         assert model._engine.model_path == Bundle.open(digits_bundle.bundle).artifact(FP32).model_path
         result = model.predict(Bundle.open(digits_bundle.bundle).golden()["input_0"][:1])
         assert result.placement.precision_choice == pl.precision_choice
@@ -205,6 +206,7 @@ def test_thermal_budget_may_still_move_an_fp32_choice_to_int8(digits_bundle, mon
     with edgesdk.load(digits_bundle.bundle, thermal=governor, speed_check="precision") as model:
         assert model.placement.artifact == FP32
         # private: where a hot device would move is not exposed until it moves
+        # private: the thermal switch's target, chosen at load, used only when hot
         assert model._thermal.lower_power.artifact == INT8
 
 

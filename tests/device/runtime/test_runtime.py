@@ -361,6 +361,7 @@ def test_a_delegate_that_throws_is_skipped_not_fatal(digits_bundle):
 def test_an_engine_failure_at_predict_is_typed(digits_bundle, fake_npu):
     model = edgesdk.load(digits_bundle.bundle, require="NPU")
     # private: a device lost mid-run cannot be caused from outside; the engine is made to fail in place
+    # private: a device lost mid-run (a hardware fault this machine cannot make)
     model._engine.run_prepared = lambda feeds: (_ for _ in ()).throw(RuntimeError("device lost"))
     with pytest.raises(BackendUnavailable, match=r"device lost") as info:
         model.predict(np.zeros((1, 1, 8, 8), np.float32))

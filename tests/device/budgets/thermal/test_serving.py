@@ -44,7 +44,7 @@ def test_hot_device_switches_a_float_model_to_int8_with_fewer_threads_and_back(d
         assert "threads_reduced" in hot.budget["thermal"]["actions"]
         assert hot.budget["thermal"]["artifact_now"] == "onnxruntime-int8"
         assert hot.budget["thermal"]["threads_now"] == 1
-        assert model._engine.model_path.name == "model_int8.onnx"  # really switched
+        assert model._engine.model_path.name == "model_int8.onnx"  # really switched (private: the file the engine opened)
         assert int(hot.outputs[0].argmax()) == int(cool.outputs[0].argmax())
 
         temp.write_text("40000\n")  # cooled well below hot - hysteresis
@@ -55,7 +55,7 @@ def test_hot_device_switches_a_float_model_to_int8_with_fewer_threads_and_back(d
         assert not {"artifact_switched", "threads_reduced"} & set(back.budget["thermal"]["actions"])
         assert back.budget["thermal"]["artifact_now"] == "onnxruntime-fp32"
         # private: proves the file that runs, beside what the placement says
-        assert model._engine.model_path.name == "model_fp32.onnx"
+        assert model._engine.model_path.name == "model_fp32.onnx"  # private: the file the engine really opened
 
 
 def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(digits_bundle, tmp_path):
