@@ -174,12 +174,12 @@ def _to_pil(image: Any):
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, (str, Path)):
+        from .tensors import RegularFile  # a regular file, size-capped, opened without blocking (a FIFO waits)
+
         try:
-            with Image.open(image) as img:
+            with RegularFile(Path(image), "image") as file, Image.open(file) as img:
                 img.load()
                 return img.copy()
-        except FileNotFoundError as exc:
-            raise InputError(f"image not found: {image}") from exc
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise InputError(f"{image} is not a readable image: {exc}") from exc
     if isinstance(image, np.ndarray):

@@ -158,7 +158,7 @@ class BundleIO:
     def _decoded(self, path: Path) -> Any:
         from PIL import Image, UnidentifiedImageError
 
-        with _open_regular(path, "image") as f:
+        with RegularFile(path, "image") as f:
             try:
                 img = Image.open(f)
                 self._check_pixels(*img.size, str(path))
@@ -195,8 +195,8 @@ def _class_scores(outputs: list[np.ndarray]) -> np.ndarray | None:
     return scores
 
 
-class _open_regular:
-    """``with _open_regular(path, what) as f:`` a binary file on ``path``, which must be a regular file of at most
+class RegularFile:
+    """``with RegularFile(path, what) as f:`` a binary file on ``path``, which must be a regular file of at most
     MAX_IMAGE_BYTES. Opened without blocking (a FIFO with no writer would wait forever) and checked on the open
     descriptor, so the file checked is the file read."""
 

@@ -214,3 +214,19 @@ def test_unknown_key_is_refused_not_ignored(tmp_path):
 def test_non_table_preprocess_is_refused():
     with pytest.raises(InputError, match=r"preprocess must be a table of keys, got int"):
         Preprocess.from_dict(3)
+
+
+def test_preprocess_reads_only_regular_files_without_blocking(tmp_path):
+    """The same open as predict's (calibration data goes through here): a FIFO with no writer, a directory or a
+    device is refused at once, naming the path."""
+    import os
+
+    pre = Preprocess(size=(8, 8), color="gray")
+    fifo = tmp_path / "frame.png"
+    os.mkfifo(fifo)  # a blocking open would wait for a writer forever
+    with pytest.raises(InputError, match="frame.png is not a regular file"):
+        pre(fifo)
+    with pytest.raises(InputError, match="is not a regular file"):
+        pre("/dev/zero")
+    with pytest.raises(InputError, match="image not found: .*missing.png"):
+        pre(tmp_path / "missing.png")
