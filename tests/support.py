@@ -230,3 +230,20 @@ def write_manifest(root: Path, manifest: dict) -> Path:
     path = root / "manifest.json"
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A certificate and key for 127.0.0.1, valid one day, made with the openssl command (a TLS server on loopback
+    for the client tests). Fails the test, saying why, where openssl is missing."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.fail("the openssl command is needed to make a test certificate", pytrace=False)
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key

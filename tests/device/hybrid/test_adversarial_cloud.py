@@ -25,6 +25,7 @@ import edgesdk
 from edgesdk import Bundle, EscalationPolicy
 from edgesdk.errors import CloudError, CloudRejected, CloudTimeout, InputError
 from edgesdk.hybrid.client import CircuitBreaker, CloudClient, RetryBudget
+from support import self_signed_cert
 
 TOKEN = "s3cret-TOKEN-123"
 DEADLINE_S = 1.0
@@ -313,15 +314,9 @@ def test_edgesdk_run_in_cloud_only_mode_never_prints_an_echoed_token(server, dig
 def test_over_tls_the_deadline_holds_too(digits_bundle, tmp_path, x):
     """The TLS path has its own reads and writes (handshake, records): a trickled body and a server that accepts
     the connection but never answers the handshake both end at the deadline."""
-    import shutil
     import ssl
 
-    if shutil.which("openssl") is None:
-        pytest.fail("the openssl command is needed to make a test certificate", pytrace=False)
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    cert, key = self_signed_cert(tmp_path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     manifest = Bundle.open(digits_bundle.bundle).manifest

@@ -18,7 +18,7 @@ import pytest
 from edgesdk.hybrid.client import CircuitBreaker, CloudClient, Response, RetryBudget, _decode, _encode
 from edgesdk.hybrid.transport import MockTransport, Request
 from edgesdk.errors import CloudError, CloudRejected, CloudTimeout, CloudUnavailable, InputError
-from support import FakeClock
+from support import FakeClock, self_signed_cert
 
 
 Clock = FakeClock
@@ -307,18 +307,11 @@ def test_check_inputs_names_every_difference():
 @pytest.fixture
 def https_server(tmp_path):
     """A loopback HTTPS server with a fresh self-signed certificate for 127.0.0.1, answering /v2/health/live."""
-    import shutil
     import ssl
-    import subprocess
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    if shutil.which("openssl") is None:
-        pytest.fail("the openssl command is needed to make a test certificate", pytrace=False)
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    cert, key = self_signed_cert(tmp_path)
 
     class Live(BaseHTTPRequestHandler):
         def do_GET(self):
