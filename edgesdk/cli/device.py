@@ -367,18 +367,18 @@ def run(
 
 
 def _read_input(path: Path):
-    """An input of ``edgesdk run``: a .npy array read here, an image path checked to exist (the model decodes it),
-    or the :class:`InputError` saying why it cannot be used."""
-    import numpy as np
+    """An input of ``edgesdk run``: a .npy array read here (its header checked first), an image path checked to
+    exist (the model decodes it), or the :class:`InputError` saying why it cannot be used."""
+    from ..bundle.tensors import read_npy
 
     if not path.is_file():
         return InputError(f"input not found: {path}")
     if path.suffix != ".npy":
         return path
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        return InputError(f"{path} is not a readable .npy array: {exc}")
+        return read_npy(path)
+    except InputError as exc:
+        return exc
 
 
 def _exit(refused: bool, bad_input: bool) -> None:

@@ -207,3 +207,28 @@ def test_run_prints_terminal_controls_in_its_text_escaped(run_cli, digits_bundle
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout and "\r" not in proc.stdout
     assert "x\\x1b[2J\\x0dfake: 9: 1.000.png: 3: " in proc.stdout
+
+
+def test_run_reads_a_npy_input_header_first(run_cli, digits_bundle, images, tmp_path):
+    """A 144-byte .npy declaring 2^40 elements is refused from its header (no 4 TiB allocation), as are object
+    arrays and a file cut short; a good .npy beside them is answered."""
+    import struct
+
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    huge = tmp_path / "huge.npy"
+    huge.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + b"\0" * 16)
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    short = tmp_path / "short.npy"
+    np.save(short, np.zeros((1, 1, 8, 8), np.float32))
+    short.write_bytes(short.read_bytes()[:-10])
+    good = tmp_path / "good.npy"
+    np.save(good, np.zeros((1, 1, 8, 8), np.float32))
+    proc = run_cli("run", digits_bundle.bundle, huge, objects, short, good, "--json")
+    assert proc.returncode == 2, proc.stderr
+    rows = json.loads(proc.stdout)["results"]
+    assert "declares 1099511627776 elements" in rows[0]["error"]["detail"]
+    assert "not numbers (Python objects are never unpickled)" in rows[1]["error"]["detail"]
+    assert "is cut short: 246 of the 256 bytes" in rows[2]["error"]["detail"]
+    assert rows[3]["top"] and rows[3]["output_shapes"] == [[1, 10]]
