@@ -154,11 +154,13 @@ class CloudClient(Closeable):
         ``name``, ``shape``, ``dtype``); raises :class:`CloudError` (reason ``model_mismatch``) naming every
         difference. Returns the metadata."""
         meta = self.model_metadata(deadline_s)
-        listed = meta.get("inputs")
-        if not isinstance(listed, list) or not all(isinstance(i, dict) for i in listed):
+        listed = meta.get("inputs") if isinstance(meta, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
+                                                   for i in listed):
             raise CloudError(CloudReason.BAD_RESPONSE,
-                             f"model {self.model!r} at {self.url}: its metadata lists no inputs")
-        served = {i.get("name"): i for i in listed}
+                             f"model {self.model!r} at {self.url}: its metadata lists no inputs, or an input "
+                             "without a string name")
+        served = {i["name"]: i for i in listed}
         problems = []
         for spec in inputs:
             name, shape = spec["name"], list(spec["shape"])
@@ -168,8 +170,9 @@ class CloudClient(Closeable):
                 problems.append(f"no input {name!r} (the server has {sorted(n for n in served if n)})")
                 continue
             if got.get("datatype") != datatype:
-                problems.append(f"input {name!r} is {got.get('datatype')} there, {datatype} here")
+                problems.append(f"input {name!r} is {_safe_text(got.get('datatype'))} there, {datatype} here")
             their = got.get("shape") if isinstance(got.get("shape"), list) else []
+            their = their if all(isinstance(t, int) and not isinstance(t, bool) for t in their) else ["?"]
             if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
                 problems.append(f"input {name!r} has shape {their} there, {shape} here")
         if problems:  # the server's names and types are its text: cleaned like its error messages
@@ -389,6 +392,11 @@ class CloudClient(Closeable):
         with self._lock:
             self._stats["failures"][exc.reason] = self._stats["failures"].get(exc.reason, 0) + 1
         return exc
+
+
+def _safe_text(value: Any) -> str:
+    """A value from the server's metadata as short text (whatever JSON type it is)."""
+    return (value if isinstance(value, str) else repr(value))[:80]
 
 
 __all__ = ["check_url", "CloudClient", "CircuitBreaker", "RetryBudget", "HttpTransport", "Response", "Transport",

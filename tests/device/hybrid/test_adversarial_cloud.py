@@ -378,3 +378,23 @@ def test_an_endless_body_is_cut_at_the_default_cap_in_bounded_memory(server):
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["reason"] == "response_too_large" and report["grown_mb"] < 100, report
+
+
+@pytest.mark.parametrize("inputs", [
+    [{"name": ["x"], "datatype": "FP32", "shape": [1, 1, 8, 8]}],                # an unhashable name
+    [{"name": 1, "datatype": "FP32", "shape": [1]}, {"name": "b", "datatype": "FP32", "shape": [1]}],  # mixed
+    "not a list",
+    [{"name": "x", "datatype": {"a": 1}, "shape": ["1", None]}],                 # junk types, a string dim
+])
+def test_garbage_model_metadata_is_a_typed_cloud_error(inputs):
+    """The model check reads the server's metadata: whatever JSON it holds, the answer is a CloudError."""
+    from edgesdk.hybrid.transport import MockTransport, Response
+
+    def handler(request):
+        return Response(200, {}, json.dumps({"name": "digits", "inputs": inputs, "outputs": []}).encode())
+
+    client = CloudClient("http://127.0.0.1:9", "digits", transport=MockTransport(handler))
+    spec = [{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}]
+    with pytest.raises(CloudError) as caught:
+        client.check_inputs(spec)
+    assert caught.value.reason in ("bad_response", "model_mismatch"), caught.value
