@@ -172,7 +172,7 @@ class _Connection(http.client.HTTPConnection):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the request's deadline passed before connecting")
-        sock = socket.create_connection((self.host, self.port), left)
+        sock = _connect_within(self.host, self.port, self.deadline)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
@@ -186,6 +186,28 @@ class _Connection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = _DeadlineSocket(sock, self.deadline)
+
+
+def _connect_within(host: str, port: int, deadline: float) -> socket.socket:
+    """A TCP connection to the first of ``host``'s addresses that answers, all of them within ``deadline`` together
+    (``socket.create_connection`` gives each address the whole timeout again). The name lookup itself is the
+    system resolver's and is not bounded here: an IP address in the URL avoids it."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    if time.monotonic() >= deadline:
+        raise TimeoutError(f"no address of {host} answered within the request's deadline")
+    raise error if error is not None else OSError(f"{host} has no address")
 
 
 def _read_capped(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
