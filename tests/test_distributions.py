@@ -91,3 +91,20 @@ def test_a_command_of_a_side_not_installed_says_what_to_install():
     assert proc.returncode == 2 and "pip install edgesdk-cloud" in proc.stderr
     listed = _edgesdk(python, "--help").stdout
     assert "inspect" in listed and "│ quantize" not in listed  # not listed where it cannot run
+
+
+def test_a_side_that_fails_to_load_is_named_and_the_rest_still_works(tmp_path):
+    """A stale or broken install (an entry point whose module is gone) must not take the edgesdk command down."""
+    dist = tmp_path / "site" / "broken_side-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-side\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[edgesdk.cli]\nzz_broken = no_such_module_anywhere:app\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    run = [sys.executable, "-c", "from edgesdk.cli import main; main()"]
+    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120, env=env)
+    assert helped.returncode == 0, helped.stderr
+    assert "'zz_broken' commands of edgesdk (no_such_module_anywhere:app) failed to load: ModuleNotFoundError" in \
+        helped.stderr
+    assert "inspect" in helped.stdout and "quantize" in helped.stdout  # the device and the healthy sides
+    typo = subprocess.run([*run, "inspectt"], capture_output=True, text=True, timeout=120, env=env)
+    assert typo.returncode == 2 and "No such command" in typo.stderr and "Traceback" not in typo.stderr

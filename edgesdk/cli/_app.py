@@ -29,12 +29,21 @@ SIDES = {
 
 
 def _side_groups() -> dict[str, Any]:
-    """Every installed side's commands as a click group, by side name (imports the sides' CLI modules)."""
+    """Every installed side's commands as a click group, by side name (imports the sides' CLI modules). A side
+    that fails to import is left out with a warning on stderr naming it, so the others (and the device) still work;
+    its commands then say why they cannot run."""
     groups = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        side_app = ep.load()
-        groups[ep.name] = typer.main.get_group(side_app)
+        try:
+            groups[ep.name] = typer.main.get_group(ep.load())
+        except Exception as exc:  # a broken or stale install must not take the whole command down
+            _BROKEN[ep.name] = f"{type(exc).__name__}: {exc}"
+            print(f"warning: the {ep.name!r} commands of edgesdk ({ep.value}) failed to load: {_BROKEN[ep.name]}",
+                  file=sys.stderr)
     return groups
+
+
+_BROKEN: dict[str, str] = {}  # side name -> why its entry point failed to load
 
 
 class SidesGroup(TyperGroup):
@@ -65,19 +74,21 @@ class SidesGroup(TyperGroup):
                 return command
         for side, (distribution, names) in SIDES.items():
             if name in names:
-                return _missing_side_command(name, side, distribution)
+                return _missing_side_command(name, side, distribution, _BROKEN.get(side))
         return None
 
 
-def _missing_side_command(name: str, side: str, distribution: str) -> Any:
-    """A stand-in for a command of a side that is not installed: says what to install, exits 2 (a usage error)."""
+def _missing_side_command(name: str, side: str, distribution: str, broken: str | None = None) -> Any:
+    """A stand-in for a command of a side that is not installed (or failed to load): says what to install or what
+    went wrong, exits 2 (a usage error)."""
     stub = typer.Typer()
+    why = (f"is installed but failed to load ({broken}): reinstall {distribution}" if broken else
+           f"is not installed here: pip install {distribution} (see the README)")
 
-    @stub.command(name, help=f"(not installed: pip install {distribution})",
+    @stub.command(name, help=f"(unavailable: {why})",
                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     def refuse(ctx: typer.Context) -> None:
-        print(f"error: `edgesdk {name}` belongs to the {side} side, which is not installed here: "
-              f"pip install {distribution} (see the README)", file=sys.stderr)
+        print(f"error: `edgesdk {name}` belongs to the {side} side, which {why}", file=sys.stderr)
         raise typer.Exit(2)
 
     return typer.main.get_command(stub)
