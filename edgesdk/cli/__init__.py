@@ -45,12 +45,19 @@ def main() -> None:
     try:
         app()  # standalone mode: click reports usage errors itself and exits 2
     except ValidationFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(f"error: {exc}")
         raise SystemExit(1)
     except (BackendUnavailable, BudgetExceeded) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"reason: {exc.reason}", file=sys.stderr)
+        _error(f"error: {type(exc).__name__}: {exc}")
+        _error(f"reason: {exc.reason}")
         raise SystemExit(3)
     except EdgeSDKError as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _error(f"error: {type(exc).__name__}: {exc}")
         raise SystemExit(2)
+
+
+def _error(text: str) -> None:
+    """An error on stderr, each line escaped: messages quote paths, engine text and server text, which are data."""
+    from ..bundle.report import printable
+
+    print("\n".join(printable(line) for line in text.split("\n")), file=sys.stderr)

@@ -232,3 +232,11 @@ def test_run_reads_a_npy_input_header_first(run_cli, digits_bundle, images, tmp_
     assert "not numbers (Python objects are never unpickled)" in rows[1]["error"]["detail"]
     assert "is cut short: 246 of the 256 bytes" in rows[2]["error"]["detail"]
     assert rows[3]["top"] and rows[3]["output_shapes"] == [[1, 10]]
+
+
+def test_an_error_line_escapes_terminal_controls(run_cli, digits_bundle, tmp_path):
+    evil = tmp_path / "gone\x1b]0;owned\x07.png"  # an OSC sequence would retitle the terminal
+    proc = run_cli("run", digits_bundle.bundle, evil)
+    assert proc.returncode == 2
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+    assert "input not found: " in proc.stderr and "gone\\x1b]0;owned\\x07.png" in proc.stderr
