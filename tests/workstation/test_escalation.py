@@ -102,3 +102,46 @@ def test_the_escalate_all_point_is_what_the_runtime_does():
     curve = _sweep(np.array([0.5, 1.0]), np.zeros(2, bool), np.array([True, True]), np.array([True, True]),
                    "max_prob")
     assert max(p["escalation_rate"] for p in curve) == 0.5 and all(p["threshold"] <= 1.0 for p in curve)
+
+
+def test_a_cloud_answering_the_wrong_shape_stops_the_sweep_with_a_typed_error(bundle_copy, digits_images):
+    """The sweep's cloud accuracy comes from the server's answers: they are checked against the bundle's outputs as
+    hybrid mode checks them, so a server answering [1, 3] stops the command (exit 2) and the manifest is untouched."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    spec = manifest["inputs"][0]
+
+    class WrongShape(BaseHTTPRequestHandler):
+        def _answer(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self._answer({"name": manifest["name"], "inputs": [{"name": spec["name"], "datatype": "FP32",
+                                                                "shape": spec["shape"]}], "outputs": []})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._answer({"model_name": manifest["name"], "outputs": [
+                {"name": manifest["outputs"][0]["name"], "shape": [1, 3], "datatype": "FP32", "data": [1, 0, 0]}]})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), WrongShape)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = subprocess.run([EDGESDK, "calibrate-escalation", str(bundle_copy), "--val", str(digits_images / "val"),
+                               "--cloud", f"http://127.0.0.1:{server.server_port}", "-q"],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "bad_response" in proc.stderr and "has shape [1, 3], expected [1, 10]" in proc.stderr
+    assert json.loads((bundle_copy / "manifest.json").read_text()) == manifest
