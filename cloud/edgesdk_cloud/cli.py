@@ -30,17 +30,22 @@ def serve(
                                                        "`Authorization: Bearer <value of VAR>`; off without it (the "
                                                        "token must be 16+ characters)."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch one request may carry "
-                                            "(default: 64, lower for big inputs)."),
+                                            "(default: 64, lower for big inputs; required with a dynamic input "
+                                            "dimension after the batch)."),
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body in bytes "
-                                                 "(default: the model's input values x max batch x 32 + 64 KiB)."),
+                                                 "(default: the model's input values x max batch x 32 + 64 KiB; "
+                                                 "required with a dynamic input dimension)."),
     body_timeout: float = typer.Option(BODY_TIMEOUT_S, "--body-timeout", help="Seconds a request body may take "
                                        "to arrive (408 past it)."),
     max_pending: int = typer.Option(MAX_PENDING, "--max-pending", help="Requests held at once (503 with "
                                     "Retry-After past it)."),
 ) -> None:
     """Host a bundle's model in KServe's ModelServer, over the Open Inference Protocol V2 REST: the cloud side of
-    hybrid mode (needs kserve: pip install 'edgesdk-cloud[serve]'). Runs until interrupted. Request limits: see
-    the README's Limits section.
+    hybrid mode (needs kserve, the serve extra: pip install "edgesdk-cloud\\[serve]"). Runs until interrupted.
+    Request limits: see the README's Limits section. A connection whose request headers take over 10 s is closed
+    (408), but at most 64 connections are kept, so a client that reconnects as fast as it is cut off can hold them
+    all: outside a trusted network, put serve behind an ingress or proxy that bounds connections and header time per
+    client (a KServe deployment has one).
 
     Exits 3 when kserve or the artifact's engine is missing (the reason code is printed)."""
     import os
@@ -86,9 +91,11 @@ def export_kserve(
                                       "validation gate at quantize time (the image serves it with --allow-failed)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it holds a previous export."),
     max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch one request may carry in the "
-                                            "served image (default: as edgesdk serve derives it)."),
+                                            "served image (default: as edgesdk serve derives it; required with a "
+                                            "dynamic input dimension after the batch)."),
     max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body in bytes in "
-                                                 "the served image (default: as edgesdk serve derives it)."),
+                                                 "the served image (default: as edgesdk serve derives it; required "
+                                                 "with a dynamic input dimension)."),
 ) -> None:
     """Write the bundle, a Dockerfile for a KServe predictor image running `edgesdk serve`, inferenceservice.yaml
     (V2 protocol, port 8080, memory sized for the request caps) and a README with the build, push and apply

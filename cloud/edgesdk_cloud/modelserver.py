@@ -5,6 +5,10 @@
 - listens on the host asked for, not on every interface;
 - puts :class:`~edgesdk_cloud.gate.RequestGate` in front of KServe's app (repository API, body caps, slow senders,
   credentials in error bodies) and tells uvicorn to keep at most ``max_connections`` connections;
+- closes, with a 408, a connection whose request line and headers are not complete within ``HEADER_TIMEOUT_S`` of
+  the connection or of the request's first byte: uvicorn times out neither, and counts such a connection toward
+  ``max_connections``, so 64 clients trickling their headers would otherwise make every other request a 503 for as
+  long as they keep trickling (the gate sees a request only once its headers are complete);
 - is ready (``/v2/health/ready``) only while its model is registered and its engine open: KServe's own readiness
   is true whatever its models do;
 - answers a client's malformed request with 400 ``{"error": ...}``: KServe answers a binary request it cannot
@@ -14,8 +18,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
+import json
 import sys
 from importlib import metadata
 from typing import Any
@@ -23,7 +29,7 @@ from typing import Any
 from edgesdk.errors import BackendUnavailable
 
 from .gate import RequestGate
-from .limits import ServeLimits
+from .limits import HEADER_TIMEOUT_S, ServeLimits
 
 BINARY_HEADER_LENGTH = "inference-header-content-length"
 
@@ -58,6 +64,7 @@ def model_server_class() -> type:
     from kserve.model_server import app as kserve_app
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.rest.server import RESTServer
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class BundleDataPlane(DataPlane):
         """KServe's data plane with a readiness that looks at the models, and decode errors as 400."""
@@ -118,7 +125,8 @@ def model_server_class() -> type:
 
         async def _serve(self) -> None:
             rest = getattr(self, "_rest_server", None)
-            if not isinstance(rest, RESTServer) or rest.config.app != "kserve.model_server:app":
+            if not isinstance(rest, RESTServer) or rest.config.app != "kserve.model_server:app" \
+                    or rest.config.http != "auto" or rest.config.loaded:
                 raise BackendUnavailable("kserve_unsupported", f"kserve {metadata.version('kserve')} does not build "
                                          f"its REST server as edgesdk expects, so it cannot be bound to {self.host} "
                                          f"behind edgesdk's request checks")
@@ -126,6 +134,7 @@ def model_server_class() -> type:
             rest.config.host = self.host
             rest.config.app = RequestGate(kserve_app, self.limits, self.repository_token)
             rest.config.limit_concurrency = self.limits.max_connections
+            rest.config.http = header_deadline(AutoHTTPProtocol, HEADER_TIMEOUT_S)
             await super()._serve()
 
     async def _not_a_v2_request(request, exc: RequestValidationError) -> JSONResponse:
@@ -133,6 +142,56 @@ def model_server_class() -> type:
 
     HostModelServer.__qualname__ = "HostModelServer"
     return HostModelServer
+
+
+def header_deadline(protocol: type[asyncio.Protocol], timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP ``protocol`` (h11 or httptools), closing with a 408 a connection whose request line and
+    headers are not complete within ``timeout_s`` of the connection, or of the first byte of a request that follows
+    an answered one. Idle keep-alive connections stay under uvicorn's own ``timeout_keep_alive``; a body's time is
+    the gate's ``body_timeout_s``. Both protocols start a request cycle (``self.cycle``) when headers are complete."""
+
+    class HeaderDeadline(protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _cycle_before = None  # the request cycle current when the deadline was set
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if self._deadline is not None and self.cycle is not self._cycle_before:
+                self._disarm()  # its headers are complete
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._cycle_before = self.cycle
+            self._deadline = asyncio.get_running_loop().call_later(timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_late(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(_REQUEST_TIMEOUT)
+                self.transport.close()
+
+    HeaderDeadline.__qualname__ = f"HeaderDeadline({protocol.__name__})"
+    return HeaderDeadline
+
+
+_TIMEOUT_BODY = json.dumps({"error": f"the request line and headers did not arrive within {HEADER_TIMEOUT_S:g} s"}
+                           ).encode()
+_REQUEST_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: " + str(len(_TIMEOUT_BODY)).encode() + b"\r\n\r\n" + _TIMEOUT_BODY)
 
 
 def validation_message(errors: list[dict[str, Any]]) -> str:

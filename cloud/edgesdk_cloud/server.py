@@ -7,9 +7,10 @@ use of ``BundleModel``: importing this module loads nothing the device lacks.
 The served model, named after the bundle's manifest ``name``:
 
 - its metadata lists the manifest's inputs and outputs with V2 datatypes; where every tensor has a leading dimension
-  of 1, that dimension is the batch and shows as -1;
+  of 1 (or -1), that dimension is the batch and shows as -1;
 - a request gives exactly the manifest's inputs, each with its datatype and shape (any batch size N >= 1 where the
-  batch shows as -1); anything else is refused with 400 ``{"error": ...}`` naming what was expected and what came;
+  batch shows as -1, any size >= 1 where a later dimension is -1, dynamic); anything else is refused with 400
+  ``{"error": ...}`` naming what was expected and what came;
 - artifacts are compiled for batch 1, so a batch of N runs N times and the outputs are stacked;
 - requests run one at a time on the engine (engines are not thread-safe), off the event loop;
 - a request is bounded before it is read (:class:`~edgesdk_cloud.limits.ServeLimits`: body bytes, batch size, body
@@ -35,7 +36,7 @@ from edgesdk.hybrid.client import DATATYPES
 from edgesdk.hybrid.served_artifact import serving_artifact
 from edgesdk.errors import BundleError, InputError
 
-from .limits import BODY_TIMEOUT_S, MAX_PENDING, ServeLimits
+from .limits import BODY_TIMEOUT_S, MAX_PENDING, ServeLimits, has_batch
 from .modelserver import import_kserve, model_server_class, require_kserve
 
 # numpy dtype name -> V2 datatype, from the client's table (one table for both sides of the wire)
@@ -59,8 +60,8 @@ class BundleSignature:
         self.model = manifest["name"]
         self.inputs = [_v2_tensor(t, self.model) for t in manifest["inputs"]]
         self.outputs = [_v2_tensor(t, self.model) for t in manifest["outputs"]]
-        # Artifacts are compiled for batch 1: a leading 1 on every tensor is a batch the server can vary.
-        self.batched = all(t.shape[:1] == (1,) for t in self.inputs + self.outputs)
+        # Artifacts are compiled for batch 1: a leading 1 (or -1) on every tensor is a batch the server can vary.
+        self.batched = has_batch(manifest)
 
     def shape(self, tensor: V2Tensor) -> list[int]:
         """The shape as V2 metadata shows it: -1 for the batch."""
@@ -97,7 +98,7 @@ class BundleSignature:
                 raise InputError(f"input {spec.name!r} must be {spec.datatype}; got {inp.datatype}")
             shape = list(inp.shape)
             if not self._fits(spec, shape):
-                batch = " (-1: a batch of 1 or more)" if self.batched else ""
+                batch = " (-1: a batch, or a dynamic dimension, of 1 or more)" if -1 in self.shape(spec) else ""
                 raise InputError(f"input {spec.name!r} must have shape {self.shape(spec)}{batch}; got {shape}")
             size = shape[0] if self.batched else 1
             if max_batch is not None and size > max_batch:
@@ -127,9 +128,10 @@ class BundleSignature:
     def _fits(self, spec: V2Tensor, shape: list[int]) -> bool:
         if len(shape) != len(spec.shape) or not all(type(d) is int for d in shape):
             return False
-        if self.batched:
-            return shape[0] >= 1 and tuple(shape[1:]) == spec.shape[1:]
-        return tuple(shape) == spec.shape
+        skip = 1 if self.batched else 0
+        if self.batched and shape[0] < 1:
+            return False
+        return all(d == w >= 0 or (w == -1 and d >= 1) for d, w in zip(shape[skip:], spec.shape[skip:]))
 
 
 def _v2_tensor(entry: dict[str, Any], model: str) -> V2Tensor:

@@ -138,3 +138,38 @@ def test_the_triton_config_and_readme_carry_the_one_image_body_cap(digits_bundle
 def test_caps_out_of_range_are_refused(digits_bundle, tmp_path, option, value):
     with pytest.raises(InputError, match=option):
         export.export_kserve(digits_bundle.bundle, tmp_path / "x", **{option: value})
+
+
+def dynamic_image(bundle: Path, leading: int = 1) -> None:
+    """The digits input as a model with dynamic height and width (the bundle schema's -1)."""
+    craft(bundle, ("inputs", 0, "shape"), [leading, 1, -1, -1])
+
+
+def test_a_dynamic_input_dimension_needs_the_caps_named_not_a_negative_body_cap(bundle_copy, tmp_path):
+    dynamic_image(bundle_copy)
+    with pytest.raises(InputError, match=r"input\(s\) 'x' have a dynamic dimension \(-1\) after the batch, so the size "
+                                         r"of a request cannot be derived from the manifest; give max_body_bytes "
+                                         r"\(--max-body-bytes\) and max_batch \(--max-batch\)") as refused:
+        export.export_kserve(bundle_copy, tmp_path / "k")
+    assert "got -" not in str(refused.value)
+    assert not (tmp_path / "k").exists()
+
+
+def test_a_dynamic_input_with_the_caps_given_exports_memory_for_its_body_cap(bundle_copy, tmp_path):
+    dynamic_image(bundle_copy, leading=-1)
+    out = export.export_kserve(bundle_copy, tmp_path / "k", max_batch=2, max_body_bytes=8 << 20).out
+    text = (out / "inferenceservice.yaml").read_text()
+    memory = yaml.safe_load(text)["spec"]["predictor"]["containers"][0]["resources"]["requests"]["memory"]
+    # 4 requests, each holding its 8 MiB body twice and parsing up to 4 Mi values at 128 bytes
+    assert int(memory.removesuffix("Mi")) >= 512 + 4 * (2 * 8 + 128 * 4)
+    line = next(line for line in (out / "Dockerfile").read_text().splitlines() if line.startswith("ENTRYPOINT"))
+    assert json.loads(line.removeprefix("ENTRYPOINT "))[-4:] == ["--max-batch", "2", "--max-body-bytes", str(8 << 20)]
+
+
+def test_triton_of_a_dynamic_input_leaves_the_body_cap_to_the_user(bundle_copy, tmp_path):
+    dynamic_image(bundle_copy)
+    out = export.export_triton(bundle_copy, tmp_path / "t").out
+    config = (out / "digits" / "config.pbtxt").read_text()
+    assert "dims: [ 1, 1, -1, -1 ]" in config and "--http-max-input-size=<bytes>" in config
+    readme = (out / "README.md").read_text()
+    assert "--http-max-input-size=<bytes>" in readme and "input(s) `x` have a dynamic dimension (-1)" in readme

@@ -9,7 +9,10 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,6 +21,7 @@ import pytest
 
 from cloud_server import CloudServer, call
 from edgesdk.errors import InputError
+from edgesdk_cloud.limits import HEADER_TIMEOUT_S, MAX_CONNECTIONS, ServeLimits
 
 TOKEN = "repo-token-0123456789abcdef"
 CLIENT_TOKEN = "client-bearer-7f3a9c2e51"
@@ -248,3 +252,99 @@ def test_a_flood_leaves_the_server_alive_bounded_and_answering(guarded):
     status, answer = guarded.infer({"inputs": [tensor()]})
     assert status == 200 and time.monotonic() - start < 5, answer
     assert np.isfinite(answer["outputs"][0]["data"]).all()
+
+
+# -- slow headers: uvicorn counts a connection toward limit_concurrency before the gate sees its request ----------
+
+def status_of(server: CloudServer) -> int:
+    """The status of one small inference (uvicorn's own 503 is plain text, not JSON)."""
+    body = json.dumps({"inputs": [tensor()]}).encode()
+    request = urllib.request.Request(f"{server.url}/v2/models/digits/infer", body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_connections_trickling_their_headers_are_cut_off_and_the_server_answers_again(plain):
+    """70 connections (over the 64 uvicorn keeps) send a request line and trickle headers: while they are open every
+    other request is a 503, and HEADER_TIMEOUT_S after they connected they are closed with a 408, however they
+    trickle. A client that reconnects as fast as it is cut off still holds the server: the README says to put serve
+    behind an ingress that bounds connections per client."""
+    head = b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    sockets, stop = [], threading.Event()
+
+    def trickle() -> None:  # all but the first: that one waits quietly for its answer
+        while not stop.wait(0.5):
+            for s in sockets[1:]:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:  # cut off
+                    pass
+
+    thread = threading.Thread(target=trickle)
+    try:
+        for _ in range(MAX_CONNECTIONS + 6):
+            sockets.append(socket.create_connection(("127.0.0.1", plain.port), timeout=HEADER_TIMEOUT_S + 10))
+            sockets[-1].sendall(head)
+        start = time.monotonic()
+        thread.start()
+        statuses = [status_of(plain)]
+        while statuses[-1] != 200 and time.monotonic() - start < HEADER_TIMEOUT_S + 10:
+            time.sleep(0.5)
+            statuses.append(status_of(plain))
+        waited = time.monotonic() - start
+        answer = sockets[0].recv(4096)
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(timeout=5)
+        for s in sockets:
+            s.close()
+    print(f"slow headers: {len(statuses) - 1} x 503, then {statuses[-1]} after {waited:.1f} s")
+    assert statuses[0] == 503, statuses  # the lockout is real while they are open
+    assert statuses[-1] == 200 and waited < HEADER_TIMEOUT_S + 5, statuses
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive within" in answer, answer
+
+
+# -- dynamic dimensions: a request's size cannot be derived, so the caps must be given ------------------------------
+
+def manifest(*shapes: list[int]) -> dict:
+    return {"name": "seg", "inputs": [{"name": f"in{i}", "shape": s, "dtype": "float32"} for i, s in enumerate(shapes)],
+            "outputs": [{"name": "out", "shape": [1, -1], "dtype": "float32"}]}
+
+
+@pytest.mark.parametrize("shape, given, missing", [
+    ([1, 3, -1, -1], {}, "give max_body_bytes (--max-body-bytes) and max_batch (--max-batch)"),
+    ([-1, 3, -1, -1], {"max_batch": 4}, "give max_body_bytes (--max-body-bytes)"),
+    ([1, 3, -1, -1], {"max_body_bytes": 1 << 20}, "give max_batch (--max-batch)"),
+])
+def test_a_dynamic_dimension_after_the_batch_needs_the_caps_named(shape, given, missing):
+    dynamic = r"input\(s\) 'in1' have a dynamic dimension \(-1\) after the batch"
+    with pytest.raises(InputError, match=dynamic) as refused:
+        ServeLimits.for_manifest(manifest([1, 4], shape), **given)
+    assert missing in str(refused.value) and "got -" not in str(refused.value)
+
+
+def test_a_dynamic_dimension_without_a_batch_needs_only_the_body_cap():
+    with pytest.raises(InputError, match=r"'in0' have a dynamic dimension \(-1\), so .* give max_body_bytes "
+                                         r"\(--max-body-bytes\)$"):
+        ServeLimits.for_manifest(manifest([3, -1]) | {"outputs": [{"name": "out", "shape": [5], "dtype": "float32"}]})
+
+
+def test_with_the_caps_given_a_dynamic_model_is_bounded_by_its_body_cap():
+    limits = ServeLimits.for_manifest(manifest([1, 3, -1, -1]), max_batch=2, max_body_bytes=1 << 20)
+    assert (limits.max_batch, limits.max_body_bytes, limits.max_values) == (2, 1 << 20, (1 << 20) // 2)
+    assert limits.request_cost_bytes > 2 * limits.max_body_bytes > 0
+    mib, arithmetic = limits.memory_mib(1 << 20)
+    assert mib > 512 and arithmetic.endswith("not counted: the answer of output(s) out, which have a dynamic dimension")
+
+
+def test_a_leading_minus_one_is_the_batch_and_the_defaults_stay_positive():
+    fixed = ServeLimits.for_manifest(manifest([1, 3, 8, 8]) | {"outputs": [{"name": "o", "shape": [1, 10],
+                                                                         "dtype": "float32"}]})
+    dynamic_batch = ServeLimits.for_manifest(manifest([-1, 3, 8, 8]) | {"outputs": [{"name": "o", "shape": [-1, 10],
+                                                                                  "dtype": "float32"}]})
+    assert dynamic_batch == fixed and fixed.max_values == 64 * 3 * 8 * 8 and fixed.request_cost_bytes > 0

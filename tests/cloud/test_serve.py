@@ -289,3 +289,26 @@ def test_kserve_0_21_binary_and_json_quirks_seen_by_tritonclient(triton_report):
     refused = triton_report["json_without_content_type"]
     assert refused["status"] == "400" and "inference-header-content-length" in refused["message"]
 
+
+
+def test_dynamic_dimensions_take_any_size_of_one_or_more_and_a_leading_minus_one_is_the_batch():
+    """BundleSignature alone, on V2 request inputs as KServe hands them over (name, datatype, shape, as_numpy)."""
+    from types import SimpleNamespace
+
+    from edgesdk.errors import InputError
+    from edgesdk_cloud.server import BundleSignature
+
+    signature = BundleSignature({"name": "seg", "inputs": [{"name": "x", "shape": [-1, 1, -1, -1], "dtype": "float32"}],
+                                 "outputs": [{"name": "y", "shape": [-1, 2], "dtype": "float32"}]})
+
+    def given(*shape: int) -> list:
+        return [SimpleNamespace(name="x", datatype="FP32", shape=list(shape),
+                                as_numpy=lambda: np.zeros(shape, np.float32))]
+
+    assert signature.batched and signature.metadata(signature.inputs)[0]["shape"] == [-1, 1, -1, -1]
+    feeds, batch = signature.feeds(given(3, 1, 5, 7), max_batch=4)
+    assert batch == 3 and feeds[0].shape == (3, 1, 5, 7)
+    for shape in ((1, 1, 0, 7), (1, 2, 5, 7), (0, 1, 5, 7), (1, 1, -1, 7)):
+        with pytest.raises(InputError, match=r"input 'x' must have shape \[-1, 1, -1, -1\] \(-1: a batch, or a "
+                                             r"dynamic dimension, of 1 or more\)"):
+            signature.feeds(given(*shape))
