@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..child_process import run_child, tail
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, BundleError, EdgeSDKError, InputError
 
 TIMINGS = ("import_ms", "bundle_open_ms", "engine_import_ms", "engine_open_ms", "first_inference_ms",
@@ -140,7 +141,8 @@ def _child_error(report: dict[str, Any], where: str) -> EdgeSDKError:
     """The child's edgesdk error, as the same type where it has one, saying it came from the cold start."""
     kind, reason, detail = report.get("error"), report.get("reason"), report.get("detail") or ""
     if kind == "BackendUnavailable":
-        return BackendUnavailable(reason or "cold_start_failed", f"{where}: {detail}")
+        return BackendUnavailable(BackendReason.lookup(reason or "") or BackendReason.COLD_START_FAILED,
+                                  f"{where}: {detail}")
     if kind == "BundleError":
         return BundleError(f"{where}: {detail}")
     if kind == "InputError":

@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, InputError
 
 SCENARIOS = ("single-stream", "offline", "both")
@@ -293,8 +294,12 @@ def _child(bundle_path: str, engine: str, device: str, artifact: str, options: B
             from exc
     if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
         err = run.answer if isinstance(run.answer, dict) else {}
-        raise BackendUnavailable(err.get("reason") or "bench_failed", err.get("detail") or
-                                 f"the benchmark child {run.how_it_ended()}: {run.stderr[-1500:].strip()}")
+        # the child's reason where it is one of ours; another error (InputError, BundleError) is bench_failed,
+        # named in the detail
+        reason = BackendReason.lookup(err.get("reason") or "") or BackendReason.BENCH_FAILED
+        detail = err.get("detail") or f"the benchmark child {run.how_it_ended()}: {run.stderr[-1500:].strip()}"
+        raise BackendUnavailable(reason, detail if reason != BackendReason.BENCH_FAILED or not err.get("error")
+                                 else f"{err['error']}: {detail}")
     return run.answer
 
 
@@ -306,7 +311,7 @@ def _child_main(args: dict, answer) -> None:
     try:
         row = measure_backend(args["bundle"], args["engine"], args["device"], args["artifact"], options)
     except EdgeSDKError as exc:
-        answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", type(exc).__name__),
+        answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
                 "detail": str(exc)})
         return
     answer(row)

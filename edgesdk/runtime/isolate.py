@@ -37,6 +37,7 @@ from typing import Any
 from ..bundle.reader import Bundle, safe_member
 from ..child_process import SECRET_WORDS, run_child, tail
 from ..engines import ENGINE_NAMES, engine_class
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, BundleError
 
 PROBE_TIMEOUT_S = 300.0  # an NPU or GPU compile of a large model can take minutes
@@ -125,7 +126,8 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
     if "error" in verdict:
         detail = f"{where} (isolated probe): {verdict.get('detail') or ''}"
         if verdict["error"] == "BackendUnavailable":
-            raise BackendUnavailable(verdict.get("reason") or "isolated_probe_failed", detail)
+            raise BackendUnavailable(BackendReason.lookup(verdict.get("reason") or "")
+                                     or BackendReason.ISOLATED_PROBE_FAILED, detail)
         if verdict["error"] == "BundleError":
             raise BundleError(detail)
         raise BackendUnavailable("isolated_probe_failed", f"{detail} ({verdict['error']})")

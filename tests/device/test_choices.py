@@ -103,7 +103,8 @@ def test_errors_carry_members():
     assert BudgetExceeded("thermal", "x").reason is BudgetReason.THERMAL
     assert CloudError("transport_error", "x").reason is CloudReason.TRANSPORT_ERROR
     assert str(BackendUnavailable(BackendReason.RUN_FAILED, "boom")) == "run_failed: boom"
-    # a code from elsewhere (a benchmark child's exception name) is kept as it came, not lost
+    # Choice.coerce keeps an unknown string rather than lose it, but no code path passes one: the child harnesses
+    # map a child's non-member reason to their own member (see test_a_child_error_that_is_not_a_backend_reason...)
     assert BackendUnavailable("ValueError", "x").reason == "ValueError"
 
 

@@ -139,7 +139,8 @@ def test_a_failed_artifact_is_measured_only_with_allow_failed(bundle_copy):
     proc = run_bench(str(bundle_copy), "--backend", backend, "--duration", "0.1", "--no-cold-start", "--json")
     assert proc.returncode == 3 and "Traceback" not in proc.stderr
     failed = json.loads(proc.stdout)["failed"][0]
-    assert failed["reason"] == "BundleError" and "failed its validation gate" in failed["detail"]
+    assert failed["reason"] == "bench_failed" and failed["detail"].startswith("BundleError: ")  # a member, the type kept
+    assert "failed its validation gate" in failed["detail"]
     proc = run_bench(str(bundle_copy), "--backend", backend, "--scenario", "single-stream", "--duration", "0.1",
                      "--no-cold-start", "--allow-failed", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
