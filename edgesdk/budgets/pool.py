@@ -23,9 +23,10 @@ EVICTED_KEPT = 256  # ``ModelPool.evicted`` keeps the most recent evictions only
 
 @dataclass
 class _Entry:
-    model: Model
+    model: Model | None  # None while it loads: one thread loads it, the others asking for it wait for that load
     last_used: float
     leases: int = 0  # calls holding the model now: it is not evicted until they return
+    error: Exception | None = None  # why its load failed (or the pool closed meanwhile): raised to those who waited
 
 
 class ModelPool(Closeable):
@@ -33,11 +34,17 @@ class ModelPool(Closeable):
     model that nobody holds is unloaded first. Thread-safe.
 
     A model is *leased* for the length of :meth:`predict`, or of a ``with pool.lease(path) as model:`` block: a
-    leased model is never evicted. When a load needs room and every loaded model is leased, it waits (up to
-    ``wait_s`` seconds) for a lease to end, then raises :class:`BudgetExceeded` ``memory`` naming them. A model
-    that cannot fit even in an empty pool raises at once. :meth:`get` hands out a model *without* a lease: the
-    pool may close it later to make room, and its ``predict`` then raises ``InputError("... was closed")``; hold
-    models with :meth:`lease` (or call :meth:`predict`) instead.
+    leased model is never evicted, nor closed by :meth:`unload`. When a load needs room and every loaded model is
+    leased, it waits (up to ``wait_s`` seconds) for a lease to end, then raises :class:`BudgetExceeded` ``memory``
+    naming them. A model that needs more than ``memory_mb`` leaves beside the process's memory at the pool's creation
+    (so it cannot fit even in an empty pool) raises at once, evicting nothing. :meth:`get` hands out a model
+    *without* a lease: the pool may close it later to make room, and its ``predict`` then raises
+    ``InputError("... was closed")``; hold models with :meth:`lease` (or call :meth:`predict`) instead.
+
+    Loads run outside the pool's lock, so calls on loaded models (and leases given back) never wait for one; they
+    run one at a time (threads asking for the bundle being loaded share that load and its error, those asking for
+    another wait for it), because a model's cost is measured as the RSS its load adds, which a second load at the
+    same time would blur, and so two loads cannot both take the same room.
 
     The pool accounts memory as the process RSS when it was created plus each loaded model's
     measured cost (RSS after freeing a model does not shrink reliably, so live RSS would lie).
@@ -47,7 +54,7 @@ class ModelPool(Closeable):
                  **overrides: Any):
         if not _positive_number(memory_mb):
             raise InputError(f"memory_mb must be positive, got {memory_mb!r}")
-        if not _positive_number(wait_s) and wait_s != 0:
+        if isinstance(wait_s, bool) or not (_positive_number(wait_s) or wait_s == 0):
             raise InputError(f"wait_s must be a number of seconds >= 0, got {wait_s!r}")
         if options is not None and not isinstance(options, RuntimeOptions):
             raise InputError(f"options must be a RuntimeOptions or None, got {type(options).__name__}")
@@ -56,112 +63,181 @@ class ModelPool(Closeable):
         opts = merge_options(options, dict(overrides))
         self._options = replace(opts, budgets=replace(opts.budgets, memory_mb=self.memory_mb))
         self._baseline_mb = memory.rss_mb()
-        self._entries: dict[Path, _Entry] = {}
-        self._lock = threading.RLock()
-        self._released = threading.Condition(self._lock)  # notified whenever a lease ends
+        self._entries: dict[Path, _Entry] = {}  # loaded models, and the one loading (model None)
+        self._loading: Path | None = None  # the bundle loading now, outside the lock
+        self._lock = threading.RLock()  # held only briefly: never across a load, a close or a call on a model
+        self._changed = threading.Condition(self._lock)  # notified when a lease ends, a load ends, models go
         self.evicted: list[str] = []  # bundle paths unloaded to make room, oldest first (the last EVICTED_KEPT)
 
     def in_use_mb(self) -> float:
-        return self._baseline_mb + sum(e.model.cost_mb for e in self._entries.values())
+        with self._lock:
+            return self._baseline_mb + sum(e.model.cost_mb for e in self._entries.values() if e.model is not None)
 
     def get(self, path: str | Path) -> Model:
         """The loaded model for ``path``, loading it (and evicting idle ones) when needed. Not leased: see the
         class docstring."""
-        with self._lock:
-            return self._entry(_key(path)).model
+        return self._acquire(_key(path), lease=False).model
 
     @contextmanager
     def lease(self, path: str | Path) -> Iterator[Model]:
         """``with pool.lease(path) as model:`` the model for ``path``, which the pool does not evict until the
         block ends."""
-        key = _key(path)
-        with self._lock:
-            entry = self._entry(key)
-            entry.leases += 1
+        entry = self._acquire(_key(path), lease=True)
         try:
             yield entry.model
         finally:
             with self._lock:
                 entry.leases -= 1
                 entry.last_used = time.monotonic()
-                self._released.notify_all()
+                self._changed.notify_all()
 
     def predict(self, path: str | Path, x: Any):
         with self.lease(path) as model:
             return model.predict(x)
 
-    def _entry(self, key: Path) -> _Entry:
-        """The entry for ``key``, loaded when needed (under the lock)."""
-        entry = self._entries.get(key)
-        if entry is not None:
-            entry.last_used = time.monotonic()
-            return entry
+    def _acquire(self, key: Path, lease: bool) -> _Entry:
+        """The loaded entry for ``key`` (its lease taken when asked, before any eviction can see it), loaded by this
+        thread when nobody else is loading."""
+        with self._lock:
+            while True:
+                entry = self._entries.get(key)
+                if entry is not None and entry.model is not None:
+                    entry.last_used = time.monotonic()
+                    entry.leases += lease
+                    return entry
+                if entry is not None:  # loading in another thread: its outcome is ours
+                    while entry.model is None and self._entries.get(key) is entry:
+                        self._changed.wait()
+                    if entry.model is None and entry.error is not None:
+                        raise entry.error
+                    continue  # loaded (or its loader was interrupted: load it here)
+                if self._loading is None:
+                    break
+                self._changed.wait()  # another bundle is loading
+            placeholder = self._entries[key] = _Entry(None, time.monotonic())
+            self._loading = key
+        try:
+            model = self._load(key)
+        except BaseException as exc:
+            with self._lock:
+                if isinstance(exc, Exception) and placeholder.error is None:
+                    placeholder.error = exc
+                if self._entries.get(key) is placeholder:
+                    del self._entries[key]
+                self._loading = None
+                self._changed.notify_all()
+            raise
+        with self._lock:
+            self._loading = None
+            self._changed.notify_all()
+            if self._entries.get(key) is placeholder:
+                placeholder.model, placeholder.last_used = model, time.monotonic()
+                placeholder.leases += lease
+                return placeholder
+        model.close()  # the pool was closed while it loaded
+        raise placeholder.error or InputError(f"the pool was closed while {key.name} loaded")
+
+    def _load(self, key: Path) -> Model:
+        """Load ``key`` (the lock not held; this thread is the one loading), unloading idle models while it does not
+        fit: after each one the load is tried again, since it may then choose another artifact."""
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                model = load_device(key, self._options, self.in_use_mb)
-                break
+                return load_device(key, self._options, self.in_use_mb)
             except BudgetExceeded as exc:
-                if exc.reason != BudgetReason.MEMORY or not self._entries:
-                    raise  # nothing loaded to make room with: it cannot fit
-                while not self._evict_one():
-                    if not self._entries:
-                        break  # emptied meanwhile (unload, close): try the load again
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        held = ", ".join(f"{k.name} ({e.leases} lease{'s' * (e.leases != 1)})"
-                                         for k, e in self._entries.items())
-                        raise BudgetExceeded(
-                            BudgetReason.MEMORY, f"{exc.detail}; every loaded model is in use ({held}) and none "
-                            f"was returned within {self.wait_s:g} s (ModelPool wait_s)",
-                            needed=exc.needed, available=exc.available) from exc
-                    self._released.wait(min(left, 0.1))  # a lease ends (notified), a get() caller's call (polled)
-                    entry = self._entries.get(key)
-                    if entry is not None:  # another thread loaded it while this one waited
-                        entry.last_used = time.monotonic()
-                        return entry
-        entry = self._entries[key] = _Entry(model, time.monotonic())
-        return entry
+                if exc.reason != BudgetReason.MEMORY:
+                    raise
+                room = self.memory_mb - self._baseline_mb
+                if exc.needed is not None and exc.needed > room:
+                    raise BudgetExceeded(
+                        BudgetReason.MEMORY, f"{exc.detail}; it cannot fit in this pool even with no other model "
+                        f"loaded (memory_mb {self.memory_mb:g} MB, the process used {self._baseline_mb:.0f} MB when "
+                        f"the pool was made, so {max(room, 0.0):.1f} MB are the pool's)",
+                        needed=exc.needed, available=round(max(room, 0.0), 2)) from exc
+                evicted = self._take_idle(exc, deadline)
+            if evicted is not None:
+                evicted.close()
 
-    def _evict_one(self) -> bool:
-        idle = [k for k, e in self._entries.items() if e.leases == 0 and not e.model.busy]  # busy: a get() caller's
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda k: self._entries[k].last_used)
-        self._entries.pop(oldest).model.close()
-        self.evicted.append(str(oldest))
-        del self.evicted[:-EVICTED_KEPT]
-        return True
+    def _take_idle(self, exc: BudgetExceeded, deadline: float) -> Model | None:
+        """Take the least recently used model nobody holds out of the pool (the caller closes it), waiting until
+        ``deadline`` for one; None when the pool emptied meanwhile (try the load again)."""
+        with self._lock:
+            if not self._loaded():
+                raise exc  # nothing loaded to make room with (another limit, e.g. a cgroup's, is lower)
+            while True:
+                loaded = self._loaded()
+                if not loaded:
+                    return None  # emptied meanwhile (unload, close)
+                idle = [k for k, e in loaded.items() if e.leases == 0 and not e.model.busy]  # busy: a get() caller's
+                if idle:
+                    oldest = min(idle, key=lambda k: loaded[k].last_used)
+                    self.evicted.append(str(oldest))
+                    del self.evicted[:-EVICTED_KEPT]
+                    return self._entries.pop(oldest).model
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    held = ", ".join(f"{k.name} ({e.leases} lease{'s' * (e.leases != 1)})" for k, e in loaded.items())
+                    raise BudgetExceeded(
+                        BudgetReason.MEMORY, f"{exc.detail}; every loaded model is in use ({held}) and none "
+                        f"was returned within {self.wait_s:g} s (ModelPool wait_s)",
+                        needed=exc.needed, available=exc.available) from exc
+                self._changed.wait(min(left, 0.1))  # a lease ends (notified), a get() caller's call (polled)
+
+    def _loaded(self) -> dict[Path, _Entry]:
+        return {k: e for k, e in self._entries.items() if e.model is not None}
 
     def unload(self, path: str | Path) -> None:
-        """Unload ``path``, first waiting (up to ``wait_s``) for the calls that hold it to return."""
+        """Unload ``path`` (nothing when it is not loaded; when it is loading, once that load ends). The leases on it
+        must end first: it waits up to ``wait_s`` for them, then raises :class:`InputError` naming them and leaves
+        the model loaded, never closing it under its holder. A model handed out by :meth:`get` is not leased."""
         key = _key(path)
+        deadline = time.monotonic() + self.wait_s
         with self._lock:
-            deadline = time.monotonic() + self.wait_s
-            while key in self._entries and self._entries[key].leases and time.monotonic() < deadline:
-                self._released.wait(deadline - time.monotonic())
-            entry = self._entries.pop(key, None)
-        if entry is not None:
-            entry.model.close()
+            while True:
+                entry = self._entries.get(key)
+                if entry is None:
+                    return
+                if entry.model is None:
+                    self._changed.wait()  # loading: the load ends (loaded or failed)
+                    continue
+                if not entry.leases:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InputError(
+                        f"cannot unload {key.name}: {entry.leases} lease{'s' * (entry.leases != 1)} still "
+                        f"hold{'s' * (entry.leases == 1)} it after {self.wait_s:g} s (ModelPool wait_s); it stays "
+                        f"loaded")
+                self._changed.wait(left)
+            del self._entries[key]
+            self._changed.notify_all()
+        entry.model.close()
 
     @property
     def loaded(self) -> list[str]:
         with self._lock:
-            return [str(k) for k in self._entries]
+            return [str(k) for k in self._loaded()]
 
     def state(self) -> dict[str, Any]:
         with self._lock:
             return {"memory_mb": self.memory_mb, "in_use_mb": round(self.in_use_mb(), 1), "loaded": self.loaded,
+                    "loading": None if self._loading is None else str(self._loading),
                     "leased": {str(k): e.leases for k, e in self._entries.items() if e.leases},
                     "evicted": list(self.evicted)}
 
     def close(self) -> None:
-        """Close every model, leased or not (a call still running on one finishes; the next raises)."""
+        """Close every model, leased or not (a call still running on one finishes; the next raises). A load under
+        way ends with ``InputError`` for the threads that asked for it, and its model is closed."""
         with self._lock:
-            for entry in self._entries.values():
-                entry.model.close()
+            entries = list(self._entries.items())
             self._entries.clear()
-            self._released.notify_all()
+            for key, entry in entries:
+                if entry.model is None:
+                    entry.error = InputError(f"the pool was closed while {key.name} loaded")
+            self._changed.notify_all()
+        for _, entry in entries:
+            if entry.model is not None:
+                entry.model.close()
 
 
 def _key(path: str | Path) -> Path:
