@@ -269,7 +269,7 @@ def _check_label_text(names: list[str] | None) -> None:
     """Labels are written into the manifest and printed by devices: one line of printable text each (the bundle
     reader refuses anything else, so a bundle with such a label would be written and then refused)."""
     for i, name in enumerate(names or []):
-        if not isinstance(name, str) or not name or not name.isprintable():
+        if not isinstance(name, str) or not name.isprintable():
             raise CalibrationError(f"label {i} {name!r} must be one line of printable text (no control characters "
                                    "or line breaks): labels are written into the manifest and shown on devices")
 

@@ -4,7 +4,8 @@
 
 1. Builds what is missing: the device bundle (``edgesdk demo``: digits.pt2 -> INT8) and the cloud bundle
    (digits_cloud.onnx, an ensemble of wider CNNs, see train_cloud.py, quantized for ONNX Runtime; its float
-   artifact is what the cloud serves). Both are named ``digits`` and take the same input ``x``.
+   artifact is what the cloud serves). Both are named ``digits``, take the same input ``x`` and answer the same
+   output ``output_0`` (hybrid mode checks the cloud's answer against the device bundle's outputs).
 2. Serves the cloud bundle with ``edgesdk serve`` (KServe's ModelServer, from the cloud venv) on loopback.
 3. Calibrates the device bundle's escalation threshold against it on the validation images
    (``edgesdk calibrate-escalation``: fewest escalations within 0.3 points of cloud-only accuracy) and prints the

@@ -105,7 +105,9 @@ def main() -> None:
     example = (torch.from_numpy(x_val[:1]),)
     program = torch.export.export(model, example)
     torch.onnx.export(program, (), HERE / "digits_cloud.onnx", dynamo=True, external_data=False,
-                      input_names=["x"], output_names=["logits"], verbose=False)
+                      # the device bundle's names (digits.pt2: x -> output_0): hybrid mode checks the cloud's answer
+                      # against the bundle's outputs, names included
+                      input_names=["x"], output_names=["output_0"], verbose=False)
     print(f"saved {HERE / 'digits_cloud.onnx'}")
 
 
