@@ -9,7 +9,7 @@ from .choices import (BackendReason, BudgetReason, CloudReason, EscalationReason
                       SpeedCheck)
 from .errors import (BackendUnavailable, BudgetExceeded, BundleError, CalibrationError, CloudError, CloudRejected,
                      CloudTimeout, CloudUnavailable, ConversionError, EdgeSDKError, FailedArtifactWarning, InputError,
-                     ValidationFailed)
+                     TargetsFailed, ValidationFailed)
 from .hybrid.model import EscalationPolicy, HybridModel, HybridOptions
 from .bundle.tensors import Top
 from .runtime.loading import load
@@ -29,7 +29,7 @@ __all__ = [
     "Policy", "Performance", "SpeedCheck", "HybridMode", "BackendReason", "BudgetReason", "CloudReason",
     "EscalationReason",
     "EdgeSDKError", "BundleError", "InputError", "BackendUnavailable", "BudgetExceeded", "ConversionError",
-    "CalibrationError", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
+    "CalibrationError", "TargetsFailed", "ValidationFailed", "CloudError", "CloudTimeout", "CloudUnavailable", "CloudRejected",
     "FailedArtifactWarning",
     "__version__",
 ]

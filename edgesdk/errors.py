@@ -10,6 +10,7 @@
      +-- BudgetExceeded         serving would break a memory or thermal budget (reason "memory" / "thermal")
      +-- ConversionError        the workstation could not build an artifact (bad source, unsupported route)
      |    +-- CalibrationError  the calibration/validation data is empty, corrupt or does not fit the model
+     |    +-- TargetsFailed     one or more targets could not be built; the bundle holds the others (or none built)
      +-- ValidationFailed       an INT8 artifact lost more accuracy than allowed
  +-- CloudError             the cloud endpoint did not answer a call (``reason``, HTTP ``status`` when one came)
       +-- CloudTimeout      the call's deadline passed
@@ -89,6 +90,24 @@ class ConversionError(EdgeSDKError):
 
 class CalibrationError(ConversionError):
     """Calibration or validation data is unusable for this model."""
+
+
+class TargetsFailed(ConversionError):
+    """One or more targets could not be built: conversion or quantization failed, or the artifact did not load and
+    run in its engine when checked right after it was built.
+
+    ``failed`` maps each failed target (``tflite``, ``openvino``, ``onnx``) to its full error text, causes
+    included. ``bundle`` is the path of the bundle still written with the targets that worked (its manifest's
+    ``build`` section says what was dropped and why), or None when no target worked and nothing was written.
+    ``failing`` lists the built artifacts that also failed their validation gate (as :class:`ValidationFailed`).
+    """
+
+    def __init__(self, message: str, failed: dict[str, str], bundle: str | None = None,
+                 failing: list[str] | None = None):
+        super().__init__(message)
+        self.failed = failed
+        self.bundle = bundle
+        self.failing = failing or []
 
 
 class ValidationFailed(EdgeSDKError):

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from edgesdk.errors import ConversionError
+from edgesdk.errors import ConversionError, TargetsFailed
 
 app = typer.Typer(help="The workstation: quantize a float model into a validated bundle.")
 
@@ -90,16 +90,31 @@ def quantize(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
-    """Quantize a float model to INT8 for LiteRT, OpenVINO and ONNX Runtime, validate, and write a bundle."""
+    """Quantize a float model to INT8 for LiteRT, OpenVINO and ONNX Runtime, validate, and write a bundle.
+
+    A target that fails is left out and the others are still built: the bundle is written with them and the command
+    exits 1 naming each failed target with its full error (``edgesdk inspect`` shows it again). Exits 2 when no
+    target could be built (nothing is written)."""
     run_quantize = _converters()
 
     out = out or source.with_name(source.stem + ".bundle")
-    result = run_quantize(
-        source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
-        samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
-        name=name, overwrite=force,
-        tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
-    )
+    try:
+        result = run_quantize(
+            source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
+            samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
+            name=name, overwrite=force,
+            tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
+        )
+    except TargetsFailed as exc:
+        if exc.bundle is None:
+            raise  # nothing written: an error like any other (exit 2)
+        from edgesdk.bundle.reader import Bundle
+        from edgesdk.bundle.report import printable, validation_table
+
+        print(validation_table(Bundle.open(exc.bundle).manifest))
+        print(f"\nbundle written to {printable(exc.bundle)} without {', '.join(exc.failed)}")
+        print("\n".join(printable(line) for line in f"error: TargetsFailed: {exc}".split("\n")), file=sys.stderr)
+        raise typer.Exit(1)
     if as_json:
         print(json.dumps(result.manifest, indent=2))
     else:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
+import os
 import platform
 import shutil
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from edgesdk.atomic_file import check_replaceable, publish_dir
 from edgesdk.bundle.reader import FORMAT_VERSION, MANIFEST, Bundle
 from edgesdk.cpu import cpu_class
 from edgesdk.engines import ENGINE_NAMES, engine_version
-from edgesdk.errors import CalibrationError, ConversionError, ValidationFailed
+from edgesdk.errors import CalibrationError, ConversionError, TargetsFailed, ValidationFailed
 from edgesdk.bundle.preprocess import Preprocess
 from edgesdk.bundle.report import failing_artifacts, validation_table
 
@@ -28,10 +30,14 @@ from .bundle_writer import file_entry, write_manifest
 from .sources import open_source
 from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
-from .toolchain_output import captured
-from .validate import validate
+from .toolchain_output import TAIL_LINES, captured
+from .validate import open_for_validation, validate
 
 _CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
+# A failed target's error as the manifest keeps it (the exception raised keeps it whole): the first and last half of
+# this many characters. Converters can fail with a whole MLIR module or graph dump in their message.
+MAX_ERROR_CHARS = 20_000
+MAX_LOG_LINE_CHARS = 2_000  # each converter output line kept in the manifest (MLIR prints whole modules on one line)
 
 
 @dataclass
@@ -66,6 +72,11 @@ def quantize(
     (integer-only, for Coral / microcontrollers). ``input_shapes`` ({input name: shape}) fixes an ONNX model's
     dynamic input dimensions; without it they are fixed from the first calibration sample, and the bundle
     records the fixed shapes (``source.input_shapes_from`` says which). ``quiet_toolchains`` hides the converters' own console output (replayed on failure).
+    Each target's artifacts are opened in their engine and run on one calibration sample as soon as they are built.
+    A target that fails (conversion, quantization, or that check) does not stop the others: the bundle is written
+    with the targets that worked, its manifest's ``build`` section records each target's status, full error and the
+    converter's last output lines, and :class:`TargetsFailed` is raised afterwards naming each failed target with its
+    full error (``bundle`` set); when no target worked nothing is written and ``TargetsFailed.bundle`` is None.
     Raises :class:`ValidationFailed` (after writing the bundle, with ``passed: false``
     recorded) when an INT8 artifact loses more than ``max_drop`` points against its float
     reference, or a float artifact's top-1 disagrees with the golden float reference (another
@@ -122,18 +133,29 @@ def quantize(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         built: list[Built] = []
+        build: dict[str, dict] = {}  # target -> its manifest "build" entry
+        failed: dict[str, str] = {}  # target -> full error text
         for target in wanted:
             say(f"[{target}] building float and INT8 artifacts for {TARGET_ENGINES[target]}")
             target_dir = work / target
             target_dir.mkdir()
-            with captured(opts.quiet_toolchains) as console:
-                built += builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console),
-                                         **target_options.get(target, {}))
+            made, failed_with, tail = _build_target(target, src, calib_samples, target_dir, opts.quiet_toolchains, bar,
+                                                    target_options.get(target, {}))
+            built += made
+            build[target] = {"status": "failed" if failed_with else "built", "error": _capped(failed_with),
+                             "log_tail": tail}
+            if failed_with:
+                failed[target] = failed_with
+                say(f"[{target}] FAILED, the other targets go on: {failed_with.splitlines()[0]}")
+        if not built:
+            raise TargetsFailed(f"no target could be built; nothing was written to {out}:\n{_failures(failed)}",
+                                failed)
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap)
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, opts.name or _default_name(src), opts.version)
+        manifest["build"] = build
         write_manifest(work, manifest)
         publish_dir(work, out)
     except BaseException:
@@ -141,16 +163,95 @@ def quantize(
         raise
     Bundle.open(out)  # re-read what was written: checksums and schema
     failing = failing_artifacts(manifest)
+    invalid = ""
     if failing:
         capped = [a for a in failing if manifest["validation"][a].get("max_abs_error_cap_exceeded")]
         why = f"max drop {max_drop} points" + (f"; {', '.join(capped)} off the float outputs by more than "
                                                 f"max_error_cap={max_error_cap} of their range" if capped else "")
-        raise ValidationFailed(
-            f"validation failed for {', '.join(failing)} ({why}); bundle written to {out} "
-            f"with passed=false\n{validation_table(manifest)}",
-            failing, str(out),
+        invalid = (f"validation failed for {', '.join(failing)} ({why}); bundle written to {out} "
+                   f"with passed=false\n{validation_table(manifest)}")
+    if failed:
+        kept = [t for t in wanted if t not in failed]
+        raise TargetsFailed(
+            f"{len(failed)} of {len(wanted)} targets failed ({', '.join(failed)}); bundle written to {out} with "
+            f"{', '.join(kept)} only (its manifest's build section keeps each error):\n{_failures(failed)}"
+            + (f"\n{invalid}" if invalid else ""),
+            failed, str(out), failing,
         )
+    if failing:
+        raise ValidationFailed(invalid, failing, str(out))
     return QuantizeResult(out, manifest)
+
+
+def _build_target(target, src, calib_samples, target_dir: Path, quiet: bool, bar, options: dict
+                  ) -> tuple[list[Built], str | None, list[str]]:
+    """Build one target and check that each artifact opens in its engine (as validation and the device open it) and
+    runs one calibration sample. Returns (artifacts, None, []) or, when anything failed, ([], the full error, the
+    converter's last output lines): a failure is never raised, so the other targets are still built."""
+    with captured(quiet) as console:
+        try:
+            made = builder(target)(src, calib_samples, target_dir, bar(f"[{target}] calibrating", console), **options)
+            for b in made:
+                engine = open_for_validation(b)
+                try:
+                    engine.run(calib_samples[0])
+                finally:
+                    engine.close()
+        except Exception as exc:  # the converters raise every kind; the error is kept whole and raised at the end
+            error, tail = _error_text(exc), _converter_tail() if quiet else []
+        else:
+            return made, None, []
+    if tail:  # as captured() replays a failure's output: the cause may only be in the converter's own lines
+        print(f"--- [{target}] last lines of the converter's output ---", *tail, "---", sep="\n", file=sys.stderr)
+    shutil.rmtree(target_dir, ignore_errors=True)
+    return [], error, tail
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, then each chained cause whose text it does not already hold: an engine error's
+    one-line summary keeps the engine's whole message only in its cause."""
+    lines = [f"{type(exc).__name__}: {exc}"]
+    seen = {id(exc)}
+    cause = _cause(exc)
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).strip()
+        if text and not any(text in line for line in lines):
+            lines.append(f"caused by {type(cause).__name__}: {text}")
+        cause = _cause(cause)
+    return "\n".join(lines)
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    return exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+
+
+def _converter_tail(lines: int = TAIL_LINES, window: int = 1 << 16) -> list[str]:
+    """The last ``lines`` lines the converters printed, each at most :data:`MAX_LOG_LINE_CHARS` characters. Call it
+    inside ``captured(True)``: fds 1 and 2 then point at the file that holds their output."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        info = os.fstat(1)
+        if not stat.S_ISREG(info.st_mode):
+            return []
+        start = max(0, info.st_size - window)
+        data = os.pread(1, info.st_size - start, start)
+    except OSError:
+        return []
+    tail = data.decode("utf-8", "replace").splitlines()[-lines:]
+    return [line if len(line) <= MAX_LOG_LINE_CHARS else line[:MAX_LOG_LINE_CHARS] + " ..." for line in tail]
+
+
+def _capped(error: str | None) -> str | None:
+    if error is None or len(error) <= MAX_ERROR_CHARS:
+        return error
+    half = MAX_ERROR_CHARS // 2
+    return f"{error[:half]}\n... ({len(error) - 2 * half} characters left out) ...\n{error[-half:]}"
+
+
+def _failures(failed: dict[str, str]) -> str:
+    return "\n".join(f"[{target}] {error}" for target, error in failed.items())
 
 
 def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,

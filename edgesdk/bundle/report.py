@@ -108,4 +108,24 @@ def summary(manifest: dict[str, Any]) -> str:
         size = sum(f["bytes"] for f in art["files"])
         lines.append(f"  {art['id']:<18} {art['engine']:<12} {art['precision']:<5} {size / 1024:9.1f} KiB  "
                      f"{', '.join(f['path'] for f in art['files'])}")
+    lines += build_report(manifest)
     return "\n".join(printable(line) for line in lines)
+
+
+def build_report(manifest: dict[str, Any]) -> list[str]:
+    """The lines saying which targets quantize built and, for each one it dropped, why: its full error and the
+    converter's last output lines, one manifest line per output line (the caller escapes each)."""
+    build = manifest.get("build")
+    if not isinstance(build, dict) or not build:
+        return []
+    lines = ["build: " + ", ".join(f"{target} {entry.get('status')}" for target, entry in build.items())]
+    for target, entry in build.items():
+        if entry.get("status") != "failed":
+            continue
+        lines.append(f"  {target} FAILED, left out of this bundle:")
+        lines += [f"    {line}" for line in str(entry.get("error") or "(no error recorded)").splitlines()]
+        tail = entry.get("log_tail") or []
+        if tail:
+            lines.append(f"    last {len(tail)} lines of the converter's output:")
+            lines += [f"      | {line}" for line in tail]
+    return lines

@@ -187,18 +187,20 @@ class ListOf(Spec):
 
 class MapOf(Spec):
     """An object whose keys are names (artifact ids, ...) and whose values follow ``value``; a key of ``special``
-    follows its own spec instead."""
+    follows its own spec instead. ``keys``, when given, checks each key (as ``<path> key <key>``)."""
 
     expected = "an object"
 
-    def __init__(self, value: Spec, special: dict[str, Spec] | None = None):
-        self.value, self.special = value, special or {}
+    def __init__(self, value: Spec, special: dict[str, Spec] | None = None, keys: Spec | None = None):
+        self.value, self.special, self.keys = value, special or {}, keys
 
     def check(self, value, path, problems):
         if not isinstance(value, dict):
             problems.append(f"{_at(path)} must be {self.expected}, got {_show(value)}")
             return
         for key, item in value.items():
+            if self.keys is not None:
+                self.keys.check(key, f"{_at(path)} key", problems)
             self.special.get(key, self.value).check(item, _join(path, key), problems)
 
 
@@ -284,6 +286,10 @@ VALIDATION_MACHINE = Obj(optional={
     "isa_caps": Nullable(MapOf(Str())),
 })
 _SHARE = Num(0.0, 1.0, "a number in [0, 1]")
+# What quantize built, per target (tflite, openvino, onnx): a failed target's artifacts are left out of the bundle and
+# its full error (line breaks kept: it is printed line by line, escaped) and the converter's last lines kept here.
+BUILD = MapOf(Obj(required={"status": OneOf("built", "failed")},
+                  optional={"error": Nullable(Str()), "log_tail": ListOf(Str())}), keys=NAME)
 MANIFEST = Obj(
     required={
         "format_version": Int(), "name": NAME, "version": NAME,
@@ -305,6 +311,7 @@ MANIFEST = Obj(
                                                 optional={"name": Str()}))),
         })),
         "validation_data": Nullable(Str()),
+        "build": Nullable(BUILD),
         "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str()),
                                                           "machine": Nullable(VALIDATION_MACHINE)})),
         "golden": Nullable(Obj(required={"files": FILES}, optional={
