@@ -259,20 +259,23 @@ def run(
     result says its source, why it escalated and whether it is degraded (the cloud failed, the device answered).
     Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
     from ..runtime.loading import load
+    from .inputs import describe_output, predictions, read_input
 
-    prepared = {p: _read_input(p) for p in inputs}  # before the (slow) load: a typo fails fast
-    unreadable = [v for v in prepared.values() if isinstance(v, InputError)]
-    if len(unreadable) == len(inputs):
+    items = [(str(p), read_input(p)) for p in inputs]  # before the (slow) load: a typo fails fast
+    unreadable = [v for _, v in items if isinstance(v, InputError)]
+    if len(unreadable) == len(items):
         raise unreadable[0]
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
     hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
     model = load(bundle, policy=policy, require=require, engine=engine, device=device, artifact=artifact,
                  allow_failed=allow_failed, speed_check=speed_check, profile=profile, check_numerics=not no_check,
                  memory_mb=memory_mb, thermal=governor, **hybrid)
+    specs = model.bundle.manifest["inputs"]
+    items = [row for label, value in items for row in predictions(label, value, specs)]  # batches: one row per sample
+    labels = [label for label, _ in items]
     results: list = []
     with model:
-        for p in inputs:  # one answer per input: a refused or unreadable one does not hide the others
-            value = prepared[p]
+        for _, value in items:  # one answer per input: a refused or unreadable one does not hide the others
             if isinstance(value, InputError):
                 results.append(value)
                 continue
@@ -287,7 +290,7 @@ def run(
     device_model = getattr(model, "device", model)  # a HybridModel's device side (None: no device backend)
     if as_json:
         rows = []
-        for p, r in zip(inputs, results):
+        for p, r in zip(labels, results):
             if isinstance(r, BudgetExceeded):
                 rows.append({"input": str(p), "source": None, "top": [],
                              "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
@@ -341,7 +344,8 @@ def run(
     if governor is not None:
         st = governor.state()
         say(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
-    for p, r in zip(inputs, results):
+    output_names = [o["name"] for o in model.bundle.manifest["outputs"]]
+    for p, r in zip(labels, results):
         if isinstance(r, InputError):
             say(f"{p}: error: {r}")
             continue
@@ -350,8 +354,8 @@ def run(
             continue
         if r.top:
             answer = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
-        else:  # not a classifier: say what came out
-            answer = "outputs " + ", ".join(f"{list(o.shape)} {o.dtype}" for o in r.outputs)
+        else:  # not a classifier: say what came out (--json gives the values)
+            answer = "; ".join(describe_output(name, o) for name, o in zip(output_names, r.outputs))
         action = r.budget.get("action")
         notes = [f"{r.timings_ms.get('inference', r.timings_ms.get('cloud', 0.0)):.3f} ms"]
         if action:
@@ -364,21 +368,6 @@ def run(
             notes.append(f"degraded: cloud {r.cloud_error}")
         say(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
     _exit(refused, bad_input)
-
-
-def _read_input(path: Path):
-    """An input of ``edgesdk run``: a .npy array read here (its header checked first), an image path checked to
-    exist (the model decodes it), or the :class:`InputError` saying why it cannot be used."""
-    from ..bundle.tensors import read_npy
-
-    if not path.is_file():
-        return InputError(f"input not found: {path}")
-    if path.suffix != ".npy":
-        return path
-    try:
-        return read_npy(path)
-    except InputError as exc:
-        return exc
 
 
 def _exit(refused: bool, bad_input: bool) -> None:

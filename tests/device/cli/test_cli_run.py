@@ -240,3 +240,49 @@ def test_an_error_line_escapes_terminal_controls(run_cli, digits_bundle, tmp_pat
     assert proc.returncode == 2
     assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
     assert "input not found: " in proc.stderr and "gone\\x1b]0;owned\\x07.png" in proc.stderr
+
+
+def test_run_takes_a_batch_npy_and_an_npz_one_prediction_per_sample(run_cli, digits_bundle, digits_arrays, tmp_path):
+    """A .npy of 3 samples is 3 predictions (x.npy[0]..[2]); an .npz keyed by the input name, first axis = sample,
+    likewise; an .npz naming an input the model does not have says which inputs it has."""
+    x = digits_arrays[0][:3].astype(np.float32)  # [3, 1, 8, 8]
+    batch, npz, wrong = tmp_path / "batch.npy", tmp_path / "samples.npz", tmp_path / "wrong.npz"
+    np.save(batch, x)
+    name = digits_bundle.manifest["inputs"][0]["name"]
+    np.savez(npz, **{name: x})
+    np.savez(wrong, a=x, b=x)
+    proc = run_cli("run", digits_bundle.bundle, batch, npz, wrong, "--json")
+    assert proc.returncode == 2, proc.stderr
+    rows = json.loads(proc.stdout)["results"]
+    assert [r["input"] for r in rows] == [f"{batch}[{i}]" for i in range(3)] + [f"{npz}[{i}]" for i in range(3)] + [
+        str(wrong)]
+    assert all(r.get("top") for r in rows[:6]), [r.get("error") for r in rows]
+    assert [r["top"][0]["index"] for r in rows[:3]] == [r["top"][0]["index"] for r in rows[3:6]]
+    assert f"the model's inputs are ['{name}']" in rows[6]["error"]["detail"]
+
+
+def test_run_describes_every_output_of_a_model_that_is_not_a_classifier(run_cli, tmp_path):
+    """No top-k for a regression output: the text names each output with its shape, dtype and value range."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["level"], keepdims=0, axes=[1, 2, 3]),
+         helper.make_node("Relu", ["x"], ["mask"])], "two_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("level", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, 8, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "calib.npy", rng.normal(size=(16, 1, 8, 8)).astype(np.float32))
+    q = subprocess.run([str(SCRIPT), "quantize", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "calib.npy"),
+                        "--targets", "onnx", "--samples", "8", "--max-drop", "100", "-o", str(tmp_path / "b"), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr[-2000:]
+    x = tmp_path / "x.npy"
+    np.save(x, np.full((1, 1, 8, 8), 2.0, np.float32))
+    proc = run_cli("run", tmp_path / "b", x, "--artifact", "onnxruntime-fp32")
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith(str(x)))
+    assert "level [1] float32 min 2 mean 2 max 2; mask [1, 1, 8, 8] float32 min 2 mean 2 max 2" in line
