@@ -31,7 +31,7 @@ from .sources import open_source
 from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
 from .toolchain_output import TAIL_LINES, captured
-from .validate import open_for_validation, validate
+from .validate import open_for_validation, run_sample, validate
 
 _CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
 # A failed target's error as the manifest keeps it (the exception raised keeps it whole): the first and last half of
@@ -102,6 +102,7 @@ def quantize(
 
     if opts.input_shapes:
         src.set_input_shapes(dict(opts.input_shapes))
+    _check_state_names(opts.state, src)
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
     src.fix_shapes(calib_ds.load(0))
     calib_ds.inputs = src.inputs  # later samples are checked against the fixed shapes
@@ -154,7 +155,7 @@ def quantize(
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap)
         manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
-                             val_origin, opts.name or _default_name(src), opts.version)
+                             val_origin, opts.name or _default_name(src), opts.version, opts.state)
         manifest["build"] = build
         write_manifest(work, manifest)
         publish_dir(work, out)
@@ -194,7 +195,7 @@ def _build_target(target, src, calib_samples, target_dir: Path, quiet: bool, bar
             for b in made:
                 engine = open_for_validation(b)
                 try:
-                    engine.run(calib_samples[0])
+                    run_sample(engine, calib_samples[0])  # each input in its own dtype (int64 sr)
                 finally:
                     engine.close()
         except Exception as exc:  # the converters raise every kind; the error is kept whole and raised at the end
@@ -210,7 +211,7 @@ def _build_target(target, src, calib_samples, target_dir: Path, quiet: bool, bar
 def _error_text(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, then each chained cause whose text it does not already hold: an engine error's
     one-line summary keeps the engine's whole message only in its cause."""
-    lines = [f"{type(exc).__name__}: {exc}"]
+    lines = [f"{type(exc).__name__}: {str(exc).strip()}"]
     seen = {id(exc)}
     cause = _cause(exc)
     while cause is not None and id(cause) not in seen:
@@ -255,7 +256,7 @@ def _failures(failed: dict[str, str]) -> str:
 
 
 def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
-              val_origin, name, version) -> dict:
+              val_origin, name, version, state=None) -> dict:
     artifacts = []
     for b in built:
         entry = {"id": b.id, "engine": b.engine, "precision": b.precision,
@@ -267,11 +268,18 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
             entry["reference"] = next(r.id for r in built if r.engine == b.engine and r.precision == "fp32")
         artifacts.append(entry)
     golden_path = work / "golden.npz"
-    arrays = {f"input_{j}": np.concatenate([s[j] for s in golden["inputs"]]) for j in range(len(src.inputs))}
-    arrays |= {f"output_{j}": np.concatenate([o[j] for o in golden["outputs"]]) for j in range(len(src.outputs))}
+    # "stacked": each tensor's samples on a new first axis, exact for a [2, 1, 128] state or a scalar. When every
+    # tensor is batch-1, "joined" on that batch axis says the same, and is the layout every edgesdk reads (devices
+    # running a release from before layouts load the bundle too).
+    first = golden["inputs"][0] + golden["outputs"][0]
+    layout = "joined" if all(a.ndim >= 1 and a.shape[0] == 1 for a in first) else "stacked"
+    join = np.concatenate if layout == "joined" else np.stack
+    arrays = {f"input_{j}": join([s[j] for s in golden["inputs"]]) for j in range(len(src.inputs))}
+    arrays |= {f"output_{j}": join([o[j] for o in golden["outputs"]]) for j in range(len(src.outputs))}
     np.savez(golden_path, **arrays)
-    out_spec = [{"name": s.name, "shape": list(golden["outputs"][0][j].shape), "dtype": "float32"}
-                for j, s in enumerate(src.outputs)]
+    out_spec = [{"name": s.name, "shape": list(golden["outputs"][0][j].shape),
+                 "dtype": np.asarray(golden["outputs"][0][j]).dtype.name} for j, s in enumerate(src.outputs)]
+    state_spec = _state_spec(state, src.inputs, out_spec)
     return {
         "format_version": FORMAT_VERSION,
         "name": name,
@@ -303,14 +311,44 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
         "validation_data": val_origin,
         # Where the numbers were measured: INT8 accuracy and speed depend on the CPU's integer kernels.
         "validation": {**metrics, "machine": cpu_class()},
+        **({"state": state_spec} if state_spec else {}),
         "golden": {
             "files": [file_entry(work, golden_path)],
+            "layout": layout,
             "count": len(golden["inputs"]),
             "reference": golden["reference"],
             "metric": "max_abs_error",
             "tolerance": golden["tolerance"],
         },
     }
+
+
+def _check_state_names(state: dict[str, str] | None, src) -> None:
+    """Before any work: every ``state`` pair names an output and an input the source has."""
+    if not state:
+        return
+    outs, ins = [s.name for s in src.outputs], [s.name for s in src.inputs]
+    for out_name, in_name in state.items():
+        if out_name not in outs:
+            raise ConversionError(f"state names output {out_name!r}, which {src.name} does not have (outputs: "
+                                  f"{', '.join(outs)})")
+        if in_name not in ins:
+            raise ConversionError(f"state feeds input {in_name!r}, which {src.name} does not have (inputs: "
+                                  f"{', '.join(ins)})")
+
+
+def _state_spec(state: dict[str, str] | None, inputs, outputs: list[dict]) -> list[dict]:
+    """The manifest's ``state`` section: each output fed into an input on the next call, starting from zeros. The
+    output must have the input's shape and dtype (known once the model has run)."""
+    spec = []
+    for out_name, in_name in (state or {}).items():
+        out = next(o for o in outputs if o["name"] == out_name)
+        inp = next(i for i in inputs if i.name == in_name)
+        if list(out["shape"]) != list(inp.shape) or out["dtype"] != inp.dtype:
+            raise ConversionError(f"state output {out_name!r} ({out['dtype']} {out['shape']}) cannot feed input "
+                                  f"{in_name!r} ({inp.dtype} {list(inp.shape)}): shapes and dtypes must match")
+        spec.append({"output": out_name, "input": in_name, "initial": "zeros"})
+    return spec
 
 
 def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:

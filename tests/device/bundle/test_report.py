@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
+
+import pytest
 
 from edgesdk.bundle.report import failing_artifacts, summary, validation_table
+from edgesdk.bundle.schema import check_manifest
+from edgesdk.errors import BundleError
 
 
 def test_table_has_a_row_per_artifact(digits_bundle):
@@ -44,3 +49,45 @@ def test_summary(digits_bundle):
     for art in m["artifacts"]:
         for f in art["files"]:
             assert f["path"] in text
+
+
+def _with_build(manifest: dict, build: dict) -> dict:
+    m = copy.deepcopy(manifest)
+    m["build"] = build
+    return m
+
+
+def test_summary_says_which_targets_were_dropped_and_why(digits_bundle):
+    error = "ConversionError: the importer refused node 'up'\ncaused by RuntimeError: \x1b[31mred\x1b[0m detail"
+    m = _with_build(digits_bundle.manifest, {
+        "tflite": {"status": "failed", "error": error, "log_tail": ["W converter line", "\x1b[1;31mE kernel\x1b[0m"]},
+        "openvino": {"status": "built", "error": None, "log_tail": []},
+    })
+    check_manifest(m, "manifest.json")
+    lines = summary(m).splitlines()
+    at = lines.index("build: tflite failed, openvino built")
+    assert lines[at + 1:at + 7] == [
+        "  tflite FAILED, left out of this bundle:",
+        "    ConversionError: the importer refused node 'up'",
+        "    caused by RuntimeError: \\x1b[31mred\\x1b[0m detail",  # the error's own line breaks kept, escapes shown
+        "    last 2 lines of the converter's output:",
+        "      | W converter line",
+        "      | \\x1b[1;31mE kernel\\x1b[0m",
+    ]
+
+
+def test_summary_without_build_section_is_unchanged(digits_bundle):
+    assert "build:" not in summary({k: v for k, v in digits_bundle.manifest.items() if k != "build"})
+
+
+@pytest.mark.parametrize(("build", "problem"), [
+    ({"tflite": {"status": "broken"}}, 'build.tflite.status must be one of "built", "failed", got "broken"'),
+    ({"tflite": {"error": None}}, "build.tflite is missing key(s) status"),
+    ({"tflite": {"status": "failed", "error": 3}}, "build.tflite.error must be a string or null, got 3"),
+    ({"tflite": {"status": "failed", "log_tail": "x"}}, 'build.tflite.log_tail must be a list, got "x"'),
+    ({"tf\x1blite": {"status": "built"}}, "build key must be one line of printable text"),
+    (["tflite"], 'build must be an object or null, got ["tflite"]'),
+])
+def test_schema_refuses_a_bad_build_section(digits_bundle, build, problem):
+    with pytest.raises(BundleError, match=re.escape(problem)):
+        check_manifest(_with_build(digits_bundle.manifest, build), "manifest.json")
