@@ -6,10 +6,14 @@ Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
   images go through the bundle's :class:`~edgesdk.bundle.preprocess.Preprocess`;
 - a ``.npy`` array of preprocessed inputs, shape ``(N, *input_shape[1:])``;
 - a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels);
+- a ``.npz`` keyed by input name, one array per input whose first axis is the sample (``state`` of shape
+  ``[2, 1, 128]`` as ``(N, 2, 1, 128)``, a scalar input as ``(N,)``; an input whose first dimension is the batch may
+  leave it out: ``(N, 512)`` for ``[1, 512]``), with optional ``y``; or a folder of such ``.npz`` files;
 - any iterable of arrays (one input each) or of ``{input_name: array}`` dicts.
 
-Samples are loaded lazily (an image is decoded only when drawn), so a large folder
-costs only what is used.
+Every sample comes out as one array per model input, in input order, of the input's own shape and dtype (int64,
+int32, bool, float16 kept: integer inputs must hold integers). Samples are loaded lazily (an image is decoded only
+when drawn), so a large folder costs only what is used.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ class Dataset:
     def load(self, i: int) -> list[np.ndarray]:
         sample = self.loaders[i]()
         if self.inputs is not None:
-            _check_fits(sample, self.inputs, f"{self.what} data {self.origin}", self.names[i])
+            where = f"{self.what} data {self.origin}"
+            sample = _conform(sample, self.inputs, where, self.names[i])
+            _check_fits(sample, self.inputs, where, self.names[i])
         return sample
 
     def subset(self, indices: Sequence[int]) -> "Dataset":
@@ -69,7 +75,9 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
         path = Path(data)
         if not path.exists():
             raise CalibrationError(f"{what} data not found: {path}")
-        if path.is_dir():
+        if path.is_dir() and _npz_folder(path):
+            ds = _read_npz_folder(path, inputs, what)
+        elif path.is_dir():
             ds = _read_folder(path, preprocess, label_names, what)
         elif path.suffix == ".npy":
             arr = _np_load(path, what)
@@ -77,11 +85,12 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
                 raise CalibrationError(f"{what} file {path} holds several arrays (an .npz?); a .npy holds one array")
             ds = _from_array(arr, None, str(path), what)
         elif path.suffix == ".npz":
-            ds = _read_npz(path, what)
+            ds = _read_npz(path, inputs, what)
         else:
             raise CalibrationError(
                 f"{what} data {path.name!r} has unknown type {path.suffix or '(none)'}: "
-                "give an image folder, a .npy of inputs or a .npz with arrays x (and y)"
+                "give an image folder, a .npy of inputs, a .npz with arrays x (and y) or keyed by input name, or a "
+                "folder of such .npz files"
             )
     elif isinstance(data, np.ndarray):
         ds = _from_array(data, None, f"array {data.shape}", what)
@@ -103,32 +112,77 @@ def _np_load(path: Path, what: str):
         raise CalibrationError(f"{what} file {path} is not a readable numpy file: {exc}") from exc
 
 
-def _read_npz(path: Path, what: str) -> Dataset:
+def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
+    """A ``.npz`` with ``x`` (one input, samples on the first axis) or one array per input name; ``y``: labels."""
     npz = _np_load(path, what)
     if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays x (and y)")
+        raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays: x (and "
+                               "y), or one per input name")
+    names = [s.name for s in inputs]
     with npz:
-        if "x" not in npz.files:
-            raise CalibrationError(f"{what} file {path} has no array 'x' (arrays: {', '.join(npz.files) or 'none'})")
+        keyed = "x" not in npz.files or (len(names) > 1 and all(n in npz.files for n in names))
+        wanted = names if keyed else ["x"]
+        missing = [n for n in wanted if n not in npz.files]
+        if missing and keyed and len(names) == 1:
+            raise CalibrationError(f"{what} file {path} has no array 'x' nor {names[0]!r} (arrays: "
+                                   f"{', '.join(npz.files) or 'none'})")
+        if missing:
+            raise CalibrationError(f"{what} file {path} lacks the array(s) of input(s) {', '.join(missing)} (model "
+                                   f"inputs: {', '.join(names)}; arrays: {', '.join(npz.files) or 'none'})")
         try:
-            x = npz["x"]
+            arrays = [npz[n] for n in wanted]
             y = npz["y"] if "y" in npz.files else None
         except (OSError, ValueError) as exc:
             raise CalibrationError(f"{what} file {path}: {exc}") from exc
-    if y is not None:
-        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-            raise CalibrationError(
-                f"{what} file {path}: 'y' must be {len(x)} integer labels, got {y.dtype} {list(y.shape)}"
-            )
-    return _from_array(x, y, str(path), what)
+    if not keyed:
+        x = arrays[0]
+        _check_labels(y, len(x), path, what)
+        return _from_array(x, y, str(path), what)
+    counts = {n: (a.shape[0] if a.ndim else None) for n, a in zip(names, arrays)}
+    if len(set(counts.values())) != 1 or None in counts.values():
+        shown = ", ".join(f"{n} {list(a.shape)}" for n, a in zip(names, arrays))
+        raise CalibrationError(f"{what} file {path}: every input's array must hold the same number of samples on its "
+                               f"first axis; they have shapes {shown}")
+    count = next(iter(counts.values()))
+    _check_labels(y, count, path, what)
+    for n, a in zip(names, arrays):
+        if a.dtype.kind not in "biuf":
+            raise CalibrationError(f"{what} file {path}: input {n!r} must be numeric, got {a.dtype}")
+    loaders = [(lambda i=i: [a[i] for a in arrays]) for i in range(count)]
+    return Dataset(loaders, y, None, str(path), [f"{path}[{i}]" for i in range(count)])
+
+
+def _check_labels(y: np.ndarray | None, count: int, path: Path, what: str) -> None:
+    if y is not None and (y.ndim != 1 or len(y) != count or not np.issubdtype(y.dtype, np.integer)):
+        raise CalibrationError(f"{what} file {path}: 'y' must be {count} integer labels, got {y.dtype} {list(y.shape)}")
+
+
+def _npz_folder(root: Path) -> bool:
+    """Whether ``root`` is a folder of ``.npz`` files (rather than images): any ``.npz`` in it says so."""
+    return any(p.suffix == ".npz" for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _read_npz_folder(root: Path, inputs: list[TensorSpec], what: str) -> Dataset:
+    files = [p for p in sorted(root.iterdir()) if not p.name.startswith(".")]
+    other = [p.name for p in files if p.suffix != ".npz" or not p.is_file()]
+    if other:
+        raise CalibrationError(f"{what} folder {root} mixes .npz files with other entries ({', '.join(other[:5])}); "
+                               "a folder of arrays holds only .npz files")
+    parts = [_read_npz(p, inputs, what) for p in files]
+    labelled = [p.labels is not None for p in parts]
+    if any(labelled) and not all(labelled):
+        raise CalibrationError(f"{what} folder {root}: some .npz files have labels 'y' and others not "
+                               f"({', '.join(p.name for p, has in zip(files, labelled) if not has)[:200]} lack them)")
+    labels = np.concatenate([p.labels for p in parts]) if all(labelled) else None
+    return Dataset([f for p in parts for f in p.loaders], labels, None,
+                   f"{root} ({len(files)} .npz files)", [n for p in parts for n in p.names])
 
 
 def _from_array(x: np.ndarray, y: np.ndarray | None, origin: str, what: str) -> Dataset:
-    if x.dtype.kind not in "fiu":
+    if x.dtype.kind not in "biuf":
         raise CalibrationError(f"{what} data {origin}: inputs must be numeric, got {x.dtype}")
     if x.ndim < 2:
         raise CalibrationError(f"{what} data {origin}: expected (N, ...) inputs, got shape {list(x.shape)}")
-    x = x.astype(np.float32, copy=False)
     loaders = [(lambda i=i: [x[i : i + 1]]) for i in range(len(x))]
     return Dataset(loaders, y, None, origin, [f"{origin}[{i}]" for i in range(len(x))])
 
@@ -153,11 +207,8 @@ def _from_iterable(items: Iterable, inputs: list[TensorSpec], what: str) -> Data
         arrays = []
         for j, arr in enumerate(feeds):
             arr = np.asarray(arr)
-            if arr.dtype.kind not in "fiu":
+            if arr.dtype.kind not in "biuf":
                 raise CalibrationError(f"{what} sample {i}: input {j} must be numeric, got {arr.dtype}")
-            arr = arr.astype(np.float32)
-            if j < len(inputs) and arr.ndim == len(inputs[j].shape) - 1:
-                arr = arr[None]  # one sample given without its batch axis
             arrays.append(arr)
         loaders.append(lambda a=arrays: a)
         names.append(f"sample {i}")
@@ -236,9 +287,43 @@ def _names_from_index(index: dict[str, int]) -> list[str]:
     return names
 
 
+def input_dtype(spec: TensorSpec) -> np.dtype:
+    """The numpy dtype of ``spec`` (float32 for a name numpy does not know, such as bfloat16)."""
+    try:
+        return np.dtype(spec.dtype)
+    except TypeError:
+        return np.dtype(np.float32)
+
+
+def _conform(sample: list[np.ndarray], inputs: list[TensorSpec], where: str, name: str) -> list[np.ndarray]:
+    """Each array of ``sample`` in its input's dtype, with the batch axis added where it was left out.
+
+    Integer and bool inputs must receive exactly representable values (16000.0 is the int64 16000; 0.5 is refused)."""
+    out = []
+    for j, arr in enumerate(sample):
+        arr = np.asarray(arr)
+        if j >= len(inputs):
+            out.append(arr)
+            continue
+        spec = inputs[j]
+        if arr.ndim == len(spec.shape) - 1 and spec.shape[0] in (1, -1):
+            arr = arr[None]  # one sample given without its batch axis
+        dtype = input_dtype(spec)
+        if arr.dtype != dtype:
+            if arr.dtype.kind not in "biuf":
+                raise CalibrationError(f"{where}: input {spec.name!r} must be numeric, got {arr.dtype} ({name})")
+            cast = arr.astype(dtype)
+            if dtype.kind in "biu" and not np.array_equal(cast, arr):
+                raise CalibrationError(f"{where}: input {spec.name!r} is {dtype.name}, and {name} holds values that "
+                                       f"{dtype.name} cannot hold exactly (non-integers or out of range)")
+            arr = cast
+        out.append(arr)
+    return out
+
+
 def _check_fits(sample: list[np.ndarray], inputs: list[TensorSpec], where: str, name: str) -> None:
     for arr in sample:
-        if not np.isfinite(arr).all():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise CalibrationError(f"{where}: {name} holds NaN or Inf values")
     if len(sample) != len(inputs):
         raise CalibrationError(
@@ -286,7 +371,8 @@ def materialize(ds: Dataset, progress: Callable[[Iterable], Iterable] = iter) ->
 
 
 def fingerprint(samples: list[list[np.ndarray]]) -> str:
-    """sha256 over the shapes and float32 bytes of the data actually used."""
+    """sha256 over the shapes and float32 bytes of the data actually used (integer inputs too, as float32: exact for
+    the values calibration data holds, and the same digest as before inputs kept their dtype)."""
     digest = hashlib.sha256()
     for sample in samples:
         for arr in sample:

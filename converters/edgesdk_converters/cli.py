@@ -44,6 +44,21 @@ def _input_shapes(values: Optional[List[str]]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _state(values: Optional[List[str]]) -> Optional[dict[str, str]]:
+    """``stateN:state`` (repeatable) -> {"stateN": "state"}: the output fed back into the input on the next call."""
+    if not values:
+        return None
+    pairs: dict[str, str] = {}
+    for value in values:
+        out, sep, inp = value.partition(":")
+        if not sep or not out or not inp or ":" in inp:
+            raise typer.BadParameter(f"{value!r}: write OUTPUT:INPUT, e.g. stateN:state", param_hint="--state")
+        if out in pairs:
+            raise typer.BadParameter(f"output {out!r} is given twice", param_hint="--state")
+        pairs[out] = inp
+    return pairs
+
+
 def _converters():
     """The workstation quantizer, imported only by the commands that need it."""
     import importlib.util
@@ -63,7 +78,8 @@ def _converters():
 def quantize(
     source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
     calib: Path = typer.Option(..., "--calib", help="Calibration data: image folder (flat or one sub-folder per "
-                               "class), .npy of preprocessed inputs, or .npz with x (and optional y labels)."),
+                               "class), .npy of preprocessed inputs, .npz with x (and optional y labels) or with one "
+                               "array per input name (first axis: the sample), or a folder of such .npz files."),
     out: Path = typer.Option(None, "--out", "-o", help="Bundle directory to write (default: SOURCE stem + .bundle)."),
     targets: Optional[str] = typer.Option(None, "--targets", help="Comma list of tflite, openvino, onnx "
                                           "(default: every target the source allows)."),
@@ -87,6 +103,9 @@ def quantize(
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="Fix an ONNX input's dynamic "
                                                     "dimensions, NAME:DIMS (e.g. images:1x3x640x640); repeatable. "
                                                     "Default: the first calibration sample's shape."),
+    state: Optional[List[str]] = typer.Option(None, "--state", help="A stateful model's output fed back into an "
+                                              "input on the next call, OUTPUT:INPUT (e.g. stateN:state); "
+                                              "repeatable. Recorded in the manifest; model.stream() carries it."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
@@ -103,7 +122,7 @@ def quantize(
             source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
             samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
             name=name, overwrite=force,
-            tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), progress=not quiet,
+            tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), state=_state(state), progress=not quiet,
         )
     except TargetsFailed as exc:
         if exc.bundle is None:

@@ -28,8 +28,10 @@ class QuantizeOptions:
     ``max_drop``: points of accuracy (or top-1 agreement) an artifact may lose; ``max_error_cap``: an INT8
     artifact's largest error as a share of the float outputs' range. ``name``/``version``: the bundle's (no control
     characters: they are written into files and terminals). ``tflite_io``: ``float`` or ``int8`` tensors around the
-    LiteRT INT8 graph. ``input_shapes``: {input name: shape} for an ONNX model's dynamic dimensions. ``overwrite``:
-    replace an existing bundle. ``progress``/``quiet_toolchains``: console output."""
+    LiteRT INT8 graph. ``input_shapes``: {input name: shape} for an ONNX model's dynamic dimensions (``()`` for a
+    scalar). ``state``: {output name: input name} of a stateful model, each output fed back into that input on the
+    next call (recorded in the manifest; the device's ``model.stream()`` carries it). ``overwrite``: replace an
+    existing bundle. ``progress``/``quiet_toolchains``: console output."""
 
     targets: tuple[str, ...] | None = None
     samples: int = DEFAULT_SAMPLES
@@ -41,6 +43,7 @@ class QuantizeOptions:
     version: str = "1"
     tflite_io: str = "float"
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    state: Mapping[str, str] | None = None
     overwrite: bool = False
     progress: bool = True
     quiet_toolchains: bool = True
@@ -79,10 +82,24 @@ class QuantizeOptions:
             shapes = {}
             for key, shape in dict(self.input_shapes).items():
                 dims = tuple(shape) if isinstance(shape, (tuple, list)) else None
-                if not isinstance(key, str) or not dims or not all(_is_int(d) and d >= 1 for d in dims):
+                if not isinstance(key, str) or dims is None or not all(_is_int(d) and d >= 1 for d in dims):
                     raise ConversionError(f"input_shapes[{key!r}] must be a tuple of positive sizes, got {shape!r}")
                 shapes[key] = dims
             object.__setattr__(self, "input_shapes", shapes)
+        if self.state is not None:
+            if not isinstance(self.state, Mapping) or not self.state:
+                raise ConversionError(f"state must be a non-empty {{output name: input name}} mapping, got "
+                                      f"{self.state!r}")
+            pairs = dict(self.state)
+            bad = [f"{k!r}: {v!r}" for k, v in pairs.items() if not (isinstance(k, str) and k and isinstance(v, str)
+                                                                       and v)]
+            if bad:
+                raise ConversionError(f"state maps output names to input names (strings); got {', '.join(bad)}")
+            fed = list(pairs.values())
+            twice = sorted({v for v in fed if fed.count(v) > 1})
+            if twice:
+                raise ConversionError(f"state feeds input(s) {', '.join(map(repr, twice))} from more than one output")
+            object.__setattr__(self, "state", pairs)
 
     def merged(self, **overrides: Any) -> "QuantizeOptions":
         """These options with ``overrides`` (keyword shortcuts) applied; an unknown keyword is named."""

@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from edgesdk.engines import Engine, open_engine
-from edgesdk.errors import BackendUnavailable, ConversionError
+from edgesdk.errors import BackendUnavailable, ConversionError, InputError
+from edgesdk.runtime.numerics import run_as_given
 
 from .calibration import Dataset
 from .targets import Built
@@ -54,6 +55,15 @@ def open_for_validation(built: Built) -> Engine:
     return open_engine(built.engine, built.files[0], **built.runtime)
 
 
+def run_sample(engine: Engine, sample: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one dataset sample, each input in its own dtype (``Engine.run`` converts every feed to float32, which an
+    int64 or bool input refuses); a sample the artifact does not take is a :class:`ConversionError`."""
+    try:
+        return run_as_given(engine, sample)
+    except InputError as exc:
+        raise ConversionError(f"artifact {engine.model_path.name} does not take the data: {exc}") from exc
+
+
 def validate(built: list[Built], val: Dataset, max_drop: float,
              progress: Callable[[Iterable], Iterable] = iter, error_cap: float = INT8_ERROR_CAP) -> tuple[dict, dict]:
     """Return (metrics per artifact id, golden arrays + tolerances)."""
@@ -71,7 +81,7 @@ def validate(built: list[Built], val: Dataset, max_drop: float,
                 raise ConversionError(f"the freshly built artifact {b.id} does not load on {b.engine}: {exc}") from exc
         for i in progress(range(len(val))):
             sample = val.load(i)
-            outs = {aid: eng.run(sample) for aid, eng in engines.items()}
+            outs = {aid: run_sample(eng, sample) for aid, eng in engines.items()}
             ref_golden = outs[golden_id]
             if len(golden_in) < GOLDEN_COUNT:
                 golden_in.append(sample)
@@ -145,7 +155,7 @@ def _measure_latency(built, refs, engines, sample, tallies, seconds: float = 0.6
     """p50 at batch 1; each INT8 artifact interleaved with its float reference."""
     for b in built:
         for _ in range(warmup):
-            engines[b.id].run(sample)
+            run_sample(engines[b.id], sample)
     for b in (b for b in built if b.precision == "int8"):
         pair = (b.id, refs[b.engine].id)
         deadline = time.perf_counter() + seconds
@@ -153,7 +163,7 @@ def _measure_latency(built, refs, engines, sample, tallies, seconds: float = 0.6
         while rounds < 10 or (time.perf_counter() < deadline and rounds < 2000):
             for aid in pair:
                 t0 = time.perf_counter()
-                engines[aid].run(sample)
+                run_sample(engines[aid], sample)
                 tallies[aid].latencies.append(time.perf_counter() - t0)
             rounds += 1
 

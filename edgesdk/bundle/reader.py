@@ -4,7 +4,11 @@ Opening a bundle checks every listed file's sha256 before any engine sees it; a
 missing or altered file, or a path that escapes the bundle directory (``manifest.json``
 included), raises a :class:`~edgesdk.errors.BundleError` naming the file. The manifest keys are
 documented in README.md ("Bundle format"). The golden file is read member by member, each
-checked against the manifest from its ``.npy`` header before its data is read (:func:`read_golden`).
+checked against the manifest from its ``.npy`` header before its data is read (:func:`read_golden`). It holds the
+samples in one of two layouts (manifest ``golden.layout``): ``stacked`` (each member is ``(samples, *tensor shape)``,
+exact for scalars and state tensors) or ``joined`` (the samples of batch-1 tensors joined on the batch axis: what
+quantize writes when every tensor is batch-1, and what bundles from before layouts hold, with no ``layout`` key).
+Both read as :class:`GoldenArrays`.
 """
 
 from __future__ import annotations
@@ -231,9 +235,9 @@ class Bundle:
     def labels(self) -> list[str] | None:
         return self.manifest.get("labels")
 
-    def golden(self, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    def golden(self, max_bytes: int | None = None) -> "GoldenArrays":
         """The golden inputs (``input_0``...) and float reference outputs (``output_0``...): see :func:`read_golden`
-        (``max_bytes`` None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB)."""
+        and :class:`GoldenArrays` (``max_bytes`` None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB)."""
         golden = self.manifest.get("golden")
         if not golden:
             raise BundleError(f"bundle {self.name!r} has no golden data")
@@ -241,15 +245,34 @@ class Bundle:
         if golden.get("count") == 0:
             raise BundleError(f"golden file {rel!r} is unusable: golden.count is 0, so nothing would be checked")
         return read_golden(safe_member(self.root, rel), self.manifest["inputs"], self.manifest["outputs"],
-                           max_bytes, shown=rel)
+                           max_bytes, shown=rel, layout=golden.get("layout", "joined"))
+
+
+class GoldenArrays(dict):
+    """The golden members by name (``input_<j>``, ``output_<j>``), each with the samples joined on the tensor's first
+    axis, as format-1 bundles always gave them (``golden()["input_0"][:1]`` is sample 0 of a batch-1 input; a scalar
+    input's samples are an ``[N]`` array). ``samples`` holds the same data with a sample axis in front of the exact
+    tensor shape: ``samples["input_1"][i]`` is input 1 of sample ``i`` whatever its shape (a ``[2, 1, 128]`` state,
+    a scalar), which is what runs them (:func:`edgesdk.runtime.numerics.golden_feeds`)."""
+
+    def __init__(self, samples: dict[str, np.ndarray]):
+        super().__init__({name: a.reshape(-1, *a.shape[2:]) if a.ndim >= 2 else a for name, a in samples.items()})
+        self.samples = samples
+
+    @property
+    def count(self) -> int:
+        """How many golden samples there are."""
+        return len(next(iter(self.samples.values())))
 
 
 def read_golden(path: Path, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
-                max_bytes: int | None = None, shown: str | None = None) -> dict[str, np.ndarray]:
+                max_bytes: int | None = None, shown: str | None = None, layout: str | None = None) -> GoldenArrays:
     """The golden ``.npz`` at ``path``: one array per manifest input (``input_<j>``) and output (``output_<j>``),
     other members left unread. Each member's ``.npy`` header is checked before any data is read: numeric dtype
-    (never unpickled), the tensor's dtype and rank, its fixed dimensions past the first, the same number of samples
-    (at least one) in every member, and ``max_bytes`` in all (None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB).
+    (never unpickled), the tensor's dtype and rank (one more for the sample axis in the ``stacked`` layout), its fixed
+    dimensions (past the first in the ``joined`` layout), the same number of samples (at least one) in every member,
+    and ``max_bytes`` in all (None: ``$EDGESDK_MAX_GOLDEN_BYTES``, else 256 MiB). ``layout``: the manifest's
+    ``golden.layout`` (``joined`` when it has none); None: told by the first member's rank (every member must agree).
     Every refusal is a :class:`BundleError` naming the file (``shown``) and the member."""
     cap = max_bytes if max_bytes is not None else bundle_schema.env_limit(GOLDEN_BYTES_VAR, MAX_GOLDEN_BYTES)
     shown = shown or path.name
@@ -262,7 +285,10 @@ def read_golden(path: Path, inputs: list[dict[str, Any]], outputs: list[dict[str
         if path.stat().st_size > cap + (1 << 20):  # zipfile reads the whole central directory
             raise refused(f"it is {path.stat().st_size} bytes, over the limit of {cap} (${GOLDEN_BYTES_VAR} raises it)")
         with zipfile.ZipFile(path) as npz:
-            headers = {name: _golden_header(npz, name, spec, refused) for name, spec in tensors}
+            if layout is None:
+                layout = _layout_of(npz, tensors[0], refused)
+            stacked = layout == "stacked"
+            headers = {name: _golden_header(npz, name, spec, refused, stacked) for name, spec in tensors}
             rows = {shape[0] for shape, _, _ in headers.values()}
             if len(rows) > 1 or 0 in rows:
                 counts = ", ".join(f"{name} {shape[0]}" for name, (shape, _, _) in headers.items())
@@ -271,17 +297,31 @@ def read_golden(path: Path, inputs: list[dict[str, Any]], outputs: list[dict[str
             if total > cap:
                 raise refused(f"the members the manifest names hold {total} bytes, over the limit of {cap} "
                               f"(${GOLDEN_BYTES_VAR} raises it)")
-            return {name: _golden_data(npz, name, *headers[name], refused) for name, _ in tensors}
+            arrays = {name: _golden_data(npz, name, *headers[name], refused) for name, _ in tensors}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError) as exc:
         # not a zip, a damaged or encrypted member, a malformed .npy header
         raise refused(f"{type(exc).__name__}: {exc}") from exc
+    # joined (format 1): each row was run as a sample of batch 1
+    return GoldenArrays(arrays if stacked else {name: a[:, None] for name, a in arrays.items()})
+
+
+def _layout_of(npz: zipfile.ZipFile, tensor: tuple[str, dict[str, Any]], refused) -> str:
+    """The layout the first member's rank shows: one more than its tensor's is ``stacked``."""
+    name, spec = tensor
+    try:
+        with npz.open(f"{name}.npy") as fh:
+            shape = _npy_header(fh, name, refused)[0]
+    except KeyError:
+        return "stacked"  # the member is missing: _golden_header says so
+    return "stacked" if len(shape) == len(spec["shape"]) + 1 else "joined"
 
 
 _Header = tuple[tuple[int, ...], bool, np.dtype]  # shape, fortran_order, dtype: what a .npy header declares
 
 
-def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refused) -> _Header:
-    """(shape, fortran_order, dtype) of member ``name`` from its .npy header, checked against the tensor ``spec``."""
+def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refused, stacked: bool) -> _Header:
+    """(shape, fortran_order, dtype) of member ``name`` from its .npy header, checked against the tensor ``spec``
+    (``stacked``: a sample axis in front of the whole tensor shape; else the samples joined on its first axis)."""
     try:
         npz.getinfo(f"{name}.npy")
     except KeyError:
@@ -301,7 +341,13 @@ def _golden_header(npz: zipfile.ZipFile, name: str, spec: dict[str, Any], refuse
     if expected is not None and (dtype.kind, dtype.itemsize) != (expected.kind, expected.itemsize):
         raise refused(f"member {name!r} is {dtype.name}; the manifest says {spec['dtype']!r}")
     want = spec["shape"]
-    if not shape or min(shape) < 0 or len(shape) != len(want) or any(-1 != w != s for w, s in zip(want[1:], shape[1:])):
+    if stacked:
+        if not shape or min(shape) < 0 or len(shape) != len(want) + 1 or any(-1 != w != s for w, s in
+                                                                            zip(want, shape[1:])):
+            raise refused(f"member {name!r} has shape {list(shape)}; the manifest's tensor is {want} (golden layout "
+                          f"stacked: [samples, *{want}])")
+    elif not shape or min(shape) < 0 or len(shape) != len(want) or any(-1 != w != s for w, s in zip(want[1:],
+                                                                                                   shape[1:])):
         raise refused(f"member {name!r} has shape {list(shape)}; the manifest's tensor is {want} (any number of "
                       "samples on the first axis)")
     return shape, fortran, dtype

@@ -33,6 +33,8 @@ FORMAT_VERSIONS = (FORMAT_VERSION,)  # the formats this edgesdk reads
 ENGINES = ("litert", "openvino", "onnxruntime")
 PRECISIONS = ("int8", "fp32")
 RUNTIME_OPTIONS = ("num_threads", "precision_hint")  # engine options an artifact may record
+GOLDEN_LAYOUTS = ("stacked", "joined")  # how golden.npz holds the samples (README "Bundle format")
+STATE_INITIAL = ("zeros",)  # what a stateful model's state starts from
 MAX_PROBLEMS = 10  # listed in one error; the rest are counted
 MAX_THREADS = 256  # runtime.num_threads, as load(threads=...): ONNX Runtime crashes at 100000 and hangs at 2000
 MAX_MANIFEST_BYTES = 4 << 20  # a real manifest is a few KiB; json.loads costs ~20 bytes of memory per byte read
@@ -314,7 +316,14 @@ MANIFEST = Obj(
         "build": Nullable(BUILD),
         "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str()),
                                                           "machine": Nullable(VALIDATION_MACHINE)})),
+        # Stateful models: each output fed back into an input on the next call (edgesdk.runtime.stream).
+        "state": Nullable(ListOf(Obj(required={"output": Str(nonempty=True, plain=True),
+                                               "input": Str(nonempty=True, plain=True)},
+                                     optional={"initial": OneOf(*STATE_INITIAL)}, closed=True))),
         "golden": Nullable(Obj(required={"files": FILES}, optional={
+            # "stacked": each member is (samples, *tensor shape); "joined" (also when absent: bundles from before
+            # layouts): the samples joined on the batch axis, which quantize writes when every tensor is batch-1.
+            "layout": OneOf(*GOLDEN_LAYOUTS),
             "count": Int(0, "a non-negative integer"), "reference": Nullable(Str()), "metric": Str(),
             "tolerance": MapOf(Num(0.0, expected="a non-negative number")),
         })),
@@ -431,7 +440,32 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
         elif first[:-4] + ".bin" not in paths:
             problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
                             f"beside {_show(first)}")
-    return problems + _preprocess_fits(manifest)
+    return problems + _state_fits(manifest) + _preprocess_fits(manifest)
+
+
+def _state_fits(manifest: dict[str, Any]) -> list[str]:
+    """Each ``state`` pair names an output and an input of the same shape and dtype; an input is fed once."""
+    problems = []
+    ins = {t["name"]: t for t in manifest["inputs"]}
+    outs = {t["name"]: t for t in manifest["outputs"]}
+    fed: list[str] = []
+    for i, pair in enumerate(manifest.get("state") or []):
+        out, inp = outs.get(pair["output"]), ins.get(pair["input"])
+        if out is None:
+            problems.append(f"state[{i}].output {_show(pair['output'])} is not one of the outputs "
+                            f"({', '.join(map(_show, outs))})")
+        if inp is None:
+            problems.append(f"state[{i}].input {_show(pair['input'])} is not one of the inputs "
+                            f"({', '.join(map(_show, ins))})")
+        elif pair["input"] in fed:
+            problems.append(f"state[{i}].input {_show(pair['input'])} is fed by more than one output")
+        if out is not None and inp is not None and (out["shape"] != inp["shape"] or out["dtype"] != inp["dtype"]
+                                                    or -1 in inp["shape"]):
+            problems.append(f"state[{i}]: output {_show(pair['output'])} ({out['dtype']} {out['shape']}) cannot feed "
+                            f"input {_show(pair['input'])} ({inp['dtype']} {inp['shape']}): the same fixed shape "
+                            "and dtype are needed")
+        fed.append(pair["input"])
+    return problems
 
 
 def _preprocess_fits(manifest: dict[str, Any]) -> list[str]:

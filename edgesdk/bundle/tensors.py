@@ -47,6 +47,7 @@ class BundleIO:
         self.inputs = bundle.manifest["inputs"]
         self._inputs = self.inputs
         self._shapes = [tuple(t["shape"]) for t in self._inputs]
+        self._dtypes = [_numpy_dtype(t["dtype"]) for t in self._inputs]
         self._post = bundle.manifest.get("postprocess") or {}
         self._softmax = bool(self._post.get("softmax"))
         top_k = self._post.get("top_k", 5)
@@ -72,13 +73,23 @@ class BundleIO:
         return scores
 
     def feeds(self, x: Any) -> list[np.ndarray]:
+        """The input tensors for ``x``: one input as an image or array; several as a list in input order or a
+        ``{input name: array}`` dict (a one-input model takes such a dict too). Each is made its input's dtype (an
+        integer or bool input must get values that dtype holds exactly) and shape (the batch axis may be left out;
+        a scalar input, shape ``[]``, takes a number or a 0-d array)."""
+        if isinstance(x, dict):
+            names = [t["name"] for t in self._inputs]
+            missing = [n for n in names if n not in x]
+            unknown = [k for k in x if k not in names]
+            if missing or unknown:
+                raise InputError(f"model {self.name!r} has inputs {names}; "
+                                 + "; ".join(([f"missing {missing}"] if missing else [])
+                                             + ([f"it has no input {', '.join(map(repr, unknown))}"] if unknown
+                                                else [])))
+            if len(self._inputs) == 1:
+                return [self._one(x[names[0]])]
+            x = [x[n] for n in names]
         if len(self._inputs) > 1:
-            if isinstance(x, dict):
-                missing = [t["name"] for t in self._inputs if t["name"] not in x]
-                if missing:
-                    raise InputError(f"model {self.name!r} has inputs {[t['name'] for t in self._inputs]}; "
-                                     f"missing {missing}")
-                x = [x[t["name"]] for t in self._inputs]
             if not isinstance(x, (list, tuple)) or len(x) != len(self._inputs):
                 raise InputError(f"model {self.name!r} takes {len(self._inputs)} inputs "
                                  f"({', '.join(t['name'] for t in self._inputs)}): pass a list or a dict")
@@ -103,21 +114,29 @@ class BundleIO:
             arr = np.asarray(x)
         except (ValueError, TypeError) as exc:  # ragged nested lists and the like
             raise InputError(f"input {spec['name']!r} is not an array: {exc}") from exc
-        if arr.dtype.kind not in "fiu":
+        dtype = self._dtypes[i]
+        if arr.dtype.kind not in ("fiub" if dtype.kind == "b" else "fiu"):  # bools for bool inputs only
             raise InputError(f"input {spec['name']!r} must be numeric, got dtype {arr.dtype}")
         if arr.size > MAX_ARRAY_ELEMENTS:
             raise InputError(f"input {spec['name']!r} has {arr.size} elements; the model takes "
                              f"{int(np.prod(self._shapes[i]))}")
         shape = self._shapes[i]
-        if tuple(arr.shape) == shape[1:]:
+        if shape and tuple(arr.shape) == shape[1:]:
             arr = arr[None]
         if tuple(arr.shape) != shape:
-            raise InputError(f"input {spec['name']!r} must have shape {list(shape)} (or {list(shape[1:])}); "
-                             f"got {list(arr.shape)}")
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
+            also = f" (or {list(shape[1:])})" if shape else " (a scalar)"
+            raise InputError(f"input {spec['name']!r} must have shape {list(shape)}{also}; got {list(arr.shape)}")
+        if dtype.kind != "f" and arr.dtype != dtype:
+            cast = arr.astype(dtype)
+            # 16000.0 is the int64 16000; 0.5, 2**40 for an int32 or 2 for a bool are refused, never truncated
+            if not np.array_equal(cast, arr):
+                raise InputError(f"input {spec['name']!r} is {dtype.name}; the values given ({arr.dtype}) are not all "
+                                 f"{dtype.name} values")
+            return np.asarray(cast, order="C")  # (ascontiguousarray makes a scalar [1])
+        arr = np.asarray(arr, dtype=dtype, order="C")
         # One BLAS pass (vdot: the sum of squares): NaN and Inf propagate into it. Finite values so large
         # that their squares overflow are rare and get the exact check before being refused.
-        if not math.isfinite(float(np.vdot(arr, arr))) and not np.isfinite(arr).all():
+        if dtype.kind == "f" and not math.isfinite(float(np.vdot(arr, arr))) and not np.isfinite(arr).all():
             raise InputError(f"input {spec['name']!r} holds NaN or Inf values")
         return arr
 
@@ -183,6 +202,16 @@ class BundleIO:
                 raise BudgetExceeded("memory", f"{where}decoding a {w}x{h} image needs ~{needed:.1f} MB; the memory "
                                                f"budget leaves {max(room, 0.0):.1f} MB",
                                      needed=round(needed, 2), available=round(max(room, 0.0), 2))
+
+
+def _numpy_dtype(name: Any) -> np.dtype:
+    """The numpy dtype an input of manifest dtype ``name`` is fed as: float32 for float32 and for what numpy does not
+    know (bfloat16: the engine converts), the dtype itself otherwise (int64, int32, bool, float16...)."""
+    try:
+        dtype = np.dtype(name)
+    except (TypeError, ValueError, SyntaxError):
+        return np.dtype(np.float32)
+    return dtype if dtype.kind in "biuf" else np.dtype(np.float32)
 
 
 def _class_scores(outputs: list[np.ndarray]) -> np.ndarray | None:

@@ -24,6 +24,7 @@ from ..lifecycle import Closeable
 from .placement import Candidate, Placement
 from ..budgets.thermal.serving import ThermalServing
 from .result import Result
+from .stream import Stream
 
 
 class Model(Closeable):
@@ -134,6 +135,12 @@ class Model(Closeable):
             _check_finite(out, self.bundle.name, f"input {i} of the batch")
         timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
         return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]
+
+    def stream(self) -> "Stream":
+        """A :class:`~edgesdk.runtime.stream.Stream` over this stateful model: each ``predict`` feeds the state the
+        previous one returned (starting from zeros), as the manifest's ``state`` section says; ``reset()`` starts
+        over. An :class:`InputError` for a bundle that declares no state."""
+        return Stream(self)
 
     # -- lifetime -------------------------------------------------------------
     def close(self) -> None:

@@ -12,8 +12,37 @@ from ..errors import BackendUnavailable, BundleError, EdgeSDKError, InputError
 
 
 def golden_feeds(golden: dict[str, np.ndarray], n_inputs: int) -> list[list[np.ndarray]]:
-    count = len(golden["input_0"])
-    return [[golden[f"input_{j}"][i : i + 1] for j in range(n_inputs)] for i in range(count)]
+    """One list of input arrays per golden sample, each of its tensor's exact shape and dtype (a scalar input as a
+    0-d array). ``golden``: what :meth:`Bundle.golden` or :func:`read_golden` return; a plain dict is taken as the
+    joined layout (batch-1 tensors, one row a sample)."""
+    samples = getattr(golden, "samples", None)
+    if samples is None:
+        count = len(golden["input_0"])
+        return [[golden[f"input_{j}"][i : i + 1] for j in range(n_inputs)] for i in range(count)]
+    count = len(samples["input_0"])
+    return [[samples[f"input_{j}"][i, ...] for j in range(n_inputs)] for i in range(count)]
+
+
+def golden_outputs(golden: dict[str, np.ndarray], n_outputs: int) -> list[list[np.ndarray]]:
+    """The reference outputs of each golden sample, as :func:`golden_feeds` gives its inputs."""
+    samples = getattr(golden, "samples", None)
+    if samples is None:
+        count = len(golden["output_0"])
+        return [[golden[f"output_{j}"][i : i + 1] for j in range(n_outputs)] for i in range(count)]
+    return [[samples[f"output_{j}"][i, ...] for j in range(n_outputs)] for i in range(len(samples["output_0"]))]
+
+
+def run_as_given(engine: Engine, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    """Run ``feeds`` each in its own dtype (``Engine.run`` makes every feed float32, which an int64, bool or float16
+    input refuses), after the count and shape checks ``Engine.run`` makes (an :class:`InputError` when they fail)."""
+    if len(feeds) != len(engine.inputs):
+        names = ", ".join(s.name for s in engine.inputs)
+        raise InputError(f"{engine.name} model takes {len(engine.inputs)} input(s) ({names}); got {len(feeds)}")
+    for spec, arr in zip(engine.inputs, feeds):
+        if arr.ndim != len(spec.shape) or any(d not in (-1, a) for d, a in zip(spec.shape, arr.shape)):
+            raise InputError(f"{engine.name} model input {spec.name!r} has shape {list(spec.shape)}; got "
+                             f"{list(arr.shape)}")
+    return engine.run_prepared([np.asarray(a, order="C") for a in feeds])
 
 
 def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
@@ -27,6 +56,7 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     if tolerance is None:
         return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
     runs = golden_feeds(golden, len(bundle.manifest["inputs"]))
+    refs = golden_outputs(golden, len(bundle.manifest["outputs"]))
     if not runs:  # Bundle.golden refuses this already; a check on zero samples must never read as passed
         raise BundleError(f"bundle {bundle.name!r}: the golden data holds no sample to check {artifact_id} on")
     n_out = len(bundle.manifest["outputs"])
@@ -34,7 +64,7 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     where = f"{artifact_id} on {engine.name}:{engine.device}"
     for i, feeds in enumerate(runs):
         try:
-            outs = engine.run(feeds)
+            outs = run_as_given(engine, feeds)
         except InputError as exc:  # the artifact does not take the bundle's own inputs: it is not this bundle's model
             raise BackendUnavailable("numerics_mismatch", f"{where} does not take the bundle's golden input {i}: "
                                                           f"{exc}") from exc
@@ -45,7 +75,7 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
         if len(outs) < n_out:
             raise BackendUnavailable("numerics_mismatch", f"{where} returned {len(outs)} outputs; the bundle has {n_out}")
         for j in range(n_out):
-            ref = golden[f"output_{j}"][i : i + 1]
+            ref = refs[i][j]
             got = np.asarray(outs[j], dtype=np.float32)
             if got.size != ref.size:
                 raise BackendUnavailable("numerics_mismatch", f"{where} output {j} has shape {list(got.shape)}; "

@@ -40,6 +40,8 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
 
     fp32 = source.float_onnx(out_dir / "model_fp32.onnx")
     names = [s.name for s in _onnx_inputs(fp32)]
+    if sorted(names) == sorted(s.name for s in source.inputs):
+        names = [s.name for s in source.inputs]  # samples are in the source's input order; feed them by name
 
     class Reader(CalibrationDataReader):
         def __init__(self):

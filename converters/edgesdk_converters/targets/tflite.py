@@ -51,6 +51,8 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     names = sig["inputs"]
     if len(names) != len(source.inputs):
         raise ConversionError(f"tflite signature {key!r} has inputs {names}; the source has {len(source.inputs)}")
+    if sorted(names) == sorted(s.name for s in source.inputs):
+        names = [s.name for s in source.inputs]  # signatures list inputs by name, not in the model's order
     calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
     int8 = out_dir / "model_int8.tflite"
     chosen = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
