@@ -66,21 +66,30 @@ def foldable_outputs(graph: onnx.GraphProto) -> set[str]:
 def unsupported_ops(model) -> list[tuple[str, int, str]]:
     """``(op_type, count, first node name)`` for each op the importer cannot turn into torch.
 
-    Nodes that are folded to constants at import time (shape arithmetic) do not count.
+    Nodes that are folded to constants at import time (shape arithmetic) do not count, nor does an ``If`` whose
+    condition is such a constant (the branch taken is imported in its place; both branches' ops are checked).
     """
     graph = load(model).graph
-    known = foldable_outputs(graph)
     found: dict[str, list] = {}
+    _collect_unsupported(graph, foldable_outputs(graph), found)
+    return [(op, count, first) for op, (count, first) in found.items()]
+
+
+def _collect_unsupported(graph: onnx.GraphProto, known: set[str], found: dict[str, list]) -> None:
     for node in graph.node:
         label = op_label(node)
         if node.domain in _DEFAULT_DOMAINS and node.op_type in OPS:
+            continue
+        if node.domain in _DEFAULT_DOMAINS and node.op_type == "If" and node.input[0] in known:
+            for attr in node.attribute:
+                if attr.name in ("then_branch", "else_branch"):
+                    _collect_unsupported(attr.g, known | foldable_outputs(attr.g), found)
             continue
         if node.op_type not in _NOT_FOLDABLE and node.domain in _DEFAULT_DOMAINS and \
                 (node.op_type in _SHAPE_OPS or all(name in known for name in node.input)):
             continue
         entry = found.setdefault(label, [0, node.name or (node.output[0] if node.output else label)])
         entry[0] += 1
-    return [(op, count, first) for op, (count, first) in found.items()]
 
 
 def check_supported(model: onnx.ModelProto) -> None:
@@ -102,7 +111,9 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> list | None:
     tensor_type = vi.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim]
+    # -1 and 0 are dynamic too: Paddle exports declare a batch as dim_value -1.
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+            for d in tensor_type.shape.dim]
 
 
 def _dims_text(dims: list) -> str:
@@ -234,6 +245,8 @@ class GraphBuilder:
             else:
                 start, end = ctx.attr("start", 0), ctx.attr("end", None)
                 results = [np.array(shape[start:end], dtype=np.int64)]
+        elif node.op_type == "If" and node.domain in _DEFAULT_DOMAINS and ctx.is_const(0):
+            results = self._taken_branch(node, bool(np.asarray(ctx.const(0)).reshape(-1)[0]))
         elif node.op_type not in _NOT_FOLDABLE and all(ctx.is_const(i) or not ctx.has_input(i)
                                                          for i in range(ctx.n_inputs)):
             inputs = [self.values[name] if name else None for name in node.input]
@@ -250,6 +263,18 @@ class GraphBuilder:
         for name, value in zip(node.output, results):
             if name:
                 self.values[name] = value
+
+
+    def _taken_branch(self, node: onnx.NodeProto, condition: bool) -> list:
+        """An If with a constant condition: the branch it takes, converted in place (outer values stay visible)."""
+        branch = next(onnx.helper.get_attribute_value(a) for a in node.attribute
+                      if a.name == ("then_branch" if condition else "else_branch"))
+        for init in branch.initializer:
+            self.values[init.name] = onnx.numpy_helper.to_array(init)
+        self.consumed |= {name for inner in branch.node for name in inner.input} | {o.name for o in branch.output}
+        for inner in branch.node:
+            self._convert(inner)
+        return [self.values[out.name] for out in branch.output]
 
 
 def import_graph(model: onnx.ModelProto, input_shapes: dict | None) -> fx.GraphModule:

@@ -73,8 +73,16 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             prepared.unlink(missing_ok=True)
     return [
         Built("onnxruntime-fp32", "onnxruntime", "fp32", [fp32], "float reference"),
-        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], method(options)),
+        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], method(options) + _upgrade_text(source)),
     ]
+
+
+def _upgrade_text(source) -> str:
+    """What the artifact's method says of an opset upgrade the source went through for this target."""
+    upgrade = getattr(source, "provenance", {}).get("opset_upgrade")
+    if not upgrade or "onnx" not in upgrade["targets"]:
+        return ""
+    return f"; the opset {source.provenance['opset']} source upgraded to opset {upgrade['to']} with {upgrade['tool']}"
 
 
 def _onnx_inputs(path: Path):
