@@ -111,8 +111,9 @@ def _declared_dims(vi: onnx.ValueInfoProto) -> list | None:
     tensor_type = vi.type.tensor_type
     if not tensor_type.HasField("shape"):
         return None
-    # -1 and 0 are dynamic too: Paddle exports declare a batch as dim_value -1.
-    return [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or None)
+    # -1 is dynamic too: Paddle exports declare a batch as dim_value -1. (0 stays a size unless input_shapes gives
+    # one: some exporters write 0 for "any", and an empty tensor is a shape too.)
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
             for d in tensor_type.shape.dim]
 
 
@@ -140,7 +141,7 @@ def fixed_input_shapes(model: onnx.ModelProto, input_shapes: dict | None) -> dic
                 if len(dims) != len(shape):
                     raise ConversionError(f"input {vi.name!r} has rank {len(dims)} {_dims_text(dims)}; "
                                           f"input_shapes gives rank {len(shape)} {list(shape)}")
-                clashes = [i for i, (d, s) in enumerate(zip(dims, shape)) if isinstance(d, int) and d != s]
+                clashes = [i for i, (d, s) in enumerate(zip(dims, shape)) if isinstance(d, int) and d not in (0, s)]
                 if clashes:
                     raise ConversionError(f"input {vi.name!r} has declared shape {_dims_text(dims)}; input_shapes gives "
                                           f"{list(shape)}, which differs at dim(s) {clashes}")
