@@ -188,5 +188,24 @@ class Engine(Closeable, ABC):
                 raise InputError(
                     f"{self.name} model input {spec.name!r} has shape {list(spec.shape)}; got {list(arr.shape)}"
                 )
-            checked.append(np.ascontiguousarray(arr, dtype=np.float32))
+            checked.append(_as_feed(arr, spec.dtype))
         return checked
+
+
+def _as_feed(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """``arr`` as the engine takes it, C-ordered (a 0-d scalar stays 0-d): integer and bool data for an int32/int64/
+    bool input keeps that kind, in the input's own dtype (an int64 ``sr``, a bool mask); float16 inputs get float16;
+    everything else is float32, as before (an int8/uint8/int16 input is a quantized one: it takes float data, which
+    the engine quantizes)."""
+    try:
+        want = np.dtype(dtype)
+    except (TypeError, ValueError):
+        want = None
+    if want in _WHOLE_INPUTS and arr.dtype.kind in "iub":
+        return np.asarray(arr, dtype=want, order="C")
+    if want == np.float16:
+        return np.asarray(arr, dtype=np.float16, order="C")
+    return np.asarray(arr, dtype=np.float32, order="C")
+
+
+_WHOLE_INPUTS = (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.bool_))

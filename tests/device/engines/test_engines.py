@@ -188,3 +188,30 @@ def test_litert_int8_default_keeps_float_io(bundle):
     with open_engine("litert", art.model_path) as engine:
         assert engine.inputs[0].dtype == "float32" and engine.outputs[0].dtype == "float32"
     assert "float input/output tensors" in art.entry["method"]
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_an_int64_scalar_input_keeps_its_dtype_and_shape(engine, tmp_path):
+    """Silero VAD's ``sr``: an int64 scalar beside float inputs. Engine.run keeps it int64 and 0-d (it used to make
+    every feed a float32 array, which the engine refuses)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgesdk.engines import open_engine
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["x", "srf"], ["y"])], "scaled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "scaled.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    if engine == "openvino":  # the OpenVINO engine runs IR, as bundles hold it
+        import openvino as ov
+
+        ov.save_model(ov.convert_model(path), tmp_path / "scaled.xml")
+        path = tmp_path / "scaled.xml"
+    with open_engine(engine, path) as eng:
+        (y,) = eng.run([np.ones((1, 4), np.float64), np.array(3, np.int64)])
+    np.testing.assert_allclose(y, np.full((1, 4), 3.0))
