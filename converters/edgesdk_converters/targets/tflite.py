@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from edgesdk.errors import ConversionError
 
+from ..tflite_model import add_signature, prepare_for_quantizer
 from . import Built
 
 # XNNPACK's int8 kernels widen to 32-bit before they add: the same artifact gives identical logits on an AVX2 CPU
@@ -44,9 +46,9 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
     fp32 = source.float_tflite(out_dir / "model_fp32.tflite")
+    # MediaPipe's files have no SignatureDef, which AI Edge Quantizer calibrates through: both artifacts get one.
+    signature_added = add_signature(fp32)
     signatures = Interpreter(model_path=str(fp32)).get_signature_list()
-    if not signatures:
-        raise ConversionError(f"{source.name}: the float tflite model has no signature; AI Edge Quantizer needs one")
     key, sig = next(iter(signatures.items()))
     names = sig["inputs"]
     if len(names) != len(source.inputs):
@@ -56,16 +58,21 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
     int8 = out_dir / "model_int8.tflite"
     chosen = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
-    try:
-        recipes = recipe_manager.RecipeManager()
-        recipes.load_quantization_recipe(chosen)
-        calib_run = calibrator.Calibrator(str(fp32), num_threads=os.cpu_count() or 1, qsv_update_func=running_min_max)
-        calib_run.calibrate(calib, recipes)
-        qt = quantizer.Quantizer(str(fp32), chosen)
-        qt.quantize(calib_run.get_model_qsvs()).export_model(str(int8), overwrite=True)
-    except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
-        raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
+    with tempfile.TemporaryDirectory(prefix="edgesdk-aeq-") as scratch:  # out_dir becomes the bundle: no extras
+        prepared = prepare_for_quantizer(fp32, Path(scratch) / "quantizer_input.tflite")
+        float_input = str(Path(scratch) / "quantizer_input.tflite") if prepared else str(fp32)
+        try:
+            recipes = recipe_manager.RecipeManager()
+            recipes.load_quantization_recipe(chosen)
+            calib_run = calibrator.Calibrator(float_input, num_threads=os.cpu_count() or 1,
+                                              qsv_update_func=running_min_max)
+            calib_run.calibrate(calib, recipes)
+            qt = quantizer.Quantizer(float_input, chosen)
+            qt.quantize(calib_run.get_model_qsvs()).export_model(str(int8), overwrite=True)
+        except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
+            raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
+    notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared)] if note)
     return [
         Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
-        Built("litert-int8", "litert", "int8", [int8], f"{METHOD}, {io} input/output tensors"),
+        Built("litert-int8", "litert", "int8", [int8], f"{METHOD}, {io} input/output tensors{notes}"),
     ]
