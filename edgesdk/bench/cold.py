@@ -35,6 +35,7 @@ import edgesdk
 from edgesdk.bundle.reader import Bundle
 from edgesdk.engines import engine_class, open_engine
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.numerics import golden_feeds, golden_outputs
 t1 = time.perf_counter()
 args = ARGS
 try:
@@ -42,7 +43,7 @@ try:
     art = bundle.artifact(args["artifact"])
     t2 = time.perf_counter()
     golden = bundle.golden()
-    feeds = [golden[f"input_{i}"][:1] for i in range(len(bundle.manifest["inputs"]))]
+    feeds = golden_feeds(golden, len(bundle.manifest["inputs"]))[0]  # each input's exact shape and dtype
     options = art.engine_options(device=args["device"], cache_dir=args["cache_dir"])
     if args["threads"] is not None:
         options["num_threads"] = args["threads"]
@@ -57,8 +58,8 @@ except EdgeSDKError as exc:
     answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
             "detail": getattr(exc, "detail", str(exc))})
     sys.exit(3)
-ref = golden.get("output_0")
-diff = float(abs(outs[0] - ref[:1]).max()) if ref is not None and ref[:1].shape == outs[0].shape else None
+ref = golden_outputs(golden, 1)[0][0]  # the first sample's first output
+diff = float(abs(outs[0] - ref).max()) if ref.shape == outs[0].shape else None
 ms = lambda a, b: (b - a) * 1e3
 answer({
     "import_ms": ms(t0, t1), "bundle_open_ms": ms(t1, t2), "engine_import_ms": ms(t3, t3b),

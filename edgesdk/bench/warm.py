@@ -104,8 +104,9 @@ def measure_backend(bundle_path: str, engine: str, device: str, artifact: str, o
     from edgesdk.budgets.memory import rss_mb
 
     bundle = Bundle.open(bundle_path)
-    golden = bundle.golden()
-    x = [golden[f"input_{i}"][:1] for i in range(len(bundle.manifest["inputs"]))]
+    from edgesdk.runtime.numerics import golden_feeds
+
+    x = golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]  # each input's exact shape and dtype
     x = x[0] if len(x) == 1 else x
     before = rss_mb()
     load = {"engine": engine, "device": device, "artifact": artifact, "require": engine, "policy": "auto",
