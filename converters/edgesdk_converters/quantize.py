@@ -96,6 +96,8 @@ def quantize(
     if not wanted:
         raise ConversionError("no targets asked for")
     src.check_targets(wanted)
+    for note in src.notes:  # what was done to the model on the way (an opset upgrade, a signature added)
+        say(note)
     target_options = {"tflite": {"io": opts.tflite_io}}
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
@@ -286,7 +288,7 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
         "version": version,
         "created_with": _versions(),
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"name": src.name, "kind": src.kind, **({"input_shapes_from": src.shapes_from}
+        "source": {"name": src.name, "kind": src.kind, **src.provenance, **({"input_shapes_from": src.shapes_from}
                                                           if src.shapes_from else {})},
         "inputs": [s.to_dict() for s in src.inputs],
         "outputs": out_spec,

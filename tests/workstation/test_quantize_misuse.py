@@ -217,7 +217,7 @@ def test_bad_preprocess_toml(tmp_path, images):
 
 def test_npz_without_x(tmp_path):
     np.savez(tmp_path / "d.npz", inputs=_random_x(10), labels=np.arange(10))
-    with pytest.raises(CalibrationError, match=r"d.npz has no array 'x' \(arrays: inputs, labels\)"):
+    with pytest.raises(CalibrationError, match=r"d.npz has no array 'x' nor 'image' \(arrays: inputs, labels\)"):
         quantize(DIGITS_ONNX, tmp_path / "d.npz", tmp_path / "b")
 
 

@@ -88,6 +88,8 @@ def test_ppocr_opset_12_is_upgraded_for_the_onnx_target_and_says_so(request, fix
     assert _int8_method(result.manifest, "onnxruntime-int8").endswith(
         "the opset 12 source upgraded to opset 13 with onnx.version_converter")
     assert "upgraded" not in _int8_method(result.manifest, "openvino-int8")  # OpenVINO reads opset 12 as it is
+    assert result.manifest["source"]["opset"] == 12  # and the manifest's source section says what was done
+    assert result.manifest["source"]["opset_upgrade"] == {"to": 13, "targets": ["onnx"], "tool": "onnx.version_converter"}
     fp32 = Bundle.open(result.bundle).artifact("onnxruntime-fp32").model_path  # the float reference is the same
     assert onnx.load(str(fp32)).opset_import[0].version == 13
 

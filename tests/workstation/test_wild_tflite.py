@@ -61,6 +61,7 @@ def test_mediapipe_int8_records_the_added_signature_and_quantizer_input(mediapip
     for change in QUANTIZER_INPUT[key]:
         assert f"{change}" in method
     assert "float16" not in method or key == "blazeface"
+    assert result.manifest["source"]["signature_added"] == {"key": "serving_default", "targets": ["tflite"]}
 
 
 def test_mediapipe_artifacts_carry_the_signature(mediapipe_bundle):
