@@ -30,7 +30,9 @@ class QuantizeOptions:
     characters: they are written into files and terminals). ``tflite_io``: ``float`` or ``int8`` tensors around the
     LiteRT INT8 graph. ``input_shapes``: {input name: shape} for an ONNX model's dynamic dimensions (``()`` for a
     scalar). ``state``: {output name: input name} of a stateful model, each output fed back into that input on the
-    next call (recorded in the manifest; the device's ``model.stream()`` carries it). ``overwrite``: replace an
+    next call (recorded in the manifest; the device's ``model.stream()`` carries it). ``fixed_inputs``: {input
+    name: value} an ONNX model is specialized for (its ``If`` branches on them folded, as OpenVINO needs): the
+    bundle keeps the input, records the value, and a device fills it in or refuses another. ``overwrite``: replace an
     existing bundle. ``progress``/``quiet_toolchains``: console output."""
 
     targets: tuple[str, ...] | None = None
@@ -44,6 +46,7 @@ class QuantizeOptions:
     tflite_io: str = "float"
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
     state: Mapping[str, str] | None = None
+    fixed_inputs: Mapping[str, Any] | None = None
     overwrite: bool = False
     progress: bool = True
     quiet_toolchains: bool = True
@@ -86,6 +89,7 @@ class QuantizeOptions:
                     raise ConversionError(f"input_shapes[{key!r}] must be a tuple of positive sizes, got {shape!r}")
                 shapes[key] = dims
             object.__setattr__(self, "input_shapes", shapes)
+        self._check_fixed_inputs()
         if self.state is not None:
             if not isinstance(self.state, Mapping) or not self.state:
                 raise ConversionError(f"state must be a non-empty {{output name: input name}} mapping, got "
@@ -100,6 +104,17 @@ class QuantizeOptions:
             if twice:
                 raise ConversionError(f"state feeds input(s) {', '.join(map(repr, twice))} from more than one output")
             object.__setattr__(self, "state", pairs)
+
+    def _check_fixed_inputs(self) -> None:
+        if self.fixed_inputs is None:
+            return
+        if not isinstance(self.fixed_inputs, Mapping):
+            raise ConversionError(f"fixed_inputs must map input names to values, got {self.fixed_inputs!r}")
+        for name, value in self.fixed_inputs.items():
+            if not isinstance(name, str) or not (_is_number(value) or isinstance(value, bool)):
+                raise ConversionError(f"fixed_inputs[{name!r}] must be a number (an input held at one value, e.g. "
+                                      f"sr=16000), got {value!r}")
+        object.__setattr__(self, "fixed_inputs", dict(self.fixed_inputs))
 
     def merged(self, **overrides: Any) -> "QuantizeOptions":
         """These options with ``overrides`` (keyword shortcuts) applied; an unknown keyword is named."""

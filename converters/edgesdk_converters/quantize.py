@@ -92,6 +92,10 @@ def quantize(
     out = _check_output(Path(out), opts.overwrite, [source, calib, val])
 
     src = open_source(source, example_input)
+    if opts.input_shapes:  # before the routes are checked: folding and the importers need the fixed shapes
+        src.set_input_shapes(dict(opts.input_shapes))
+    if opts.fixed_inputs:
+        src.fix_inputs(opts.fixed_inputs)
     wanted = list(targets) if targets is not None else src.default_targets(say)
     if not wanted:
         raise ConversionError("no targets asked for")
@@ -102,8 +106,6 @@ def quantize(
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
 
-    if opts.input_shapes:
-        src.set_input_shapes(dict(opts.input_shapes))
     _check_state_names(opts.state, src)
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
     src.fix_shapes(calib_ds.load(0))
@@ -290,7 +292,7 @@ def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picke
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": {"name": src.name, "kind": src.kind, **src.provenance, **({"input_shapes_from": src.shapes_from}
                                                           if src.shapes_from else {})},
-        "inputs": [s.to_dict() for s in src.inputs],
+        "inputs": [s.to_dict() | ({"fixed": src.fixed[s.name]} if s.name in src.fixed else {}) for s in src.inputs],
         "outputs": out_spec,
         "preprocess": pre.to_dict() if pre else None,
         "postprocess": _postprocess(out_spec, golden["probabilities"]),

@@ -76,9 +76,21 @@ class BundleIO:
         """The input tensors for ``x``: one input as an image or array; several as a list in input order or a
         ``{input name: array}`` dict (a one-input model takes such a dict too). Each is made its input's dtype (an
         integer or bool input must get values that dtype holds exactly) and shape (the batch axis may be left out;
-        a scalar input, shape ``[]``, takes a number or a 0-d array)."""
+        a scalar input, shape ``[]``, takes a number or a 0-d array). An input the model was specialized for at
+        quantize time (manifest ``fixed``) may be left out of a dict, and refuses any other value."""
+        feeds = self._feeds(x)
+        for spec, feed in zip(self._inputs, feeds):
+            if "fixed" in spec and not np.all(feed == spec["fixed"]):
+                raise InputError(f"model {self.name!r} was specialized for {spec['name']} = {spec['fixed']!r} when "
+                                 f"it was quantized; it cannot take another value (leave {spec['name']!r} out and "
+                                 "it is filled in)")
+        return feeds
+
+    def _feeds(self, x: Any) -> list[np.ndarray]:
         if isinstance(x, dict):
             names = [t["name"] for t in self._inputs]
+            x = {**{t["name"]: np.full(t["shape"], t["fixed"], dtype=t["dtype"]) for t in self._inputs
+                    if "fixed" in t and t["name"] not in x}, **x}  # a specialized input may be left out
             missing = [n for n in names if n not in x]
             unknown = [k for k in x if k not in names]
             if missing or unknown:

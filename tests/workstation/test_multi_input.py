@@ -138,18 +138,6 @@ def _carried_by_hand(model: Path, chunks: np.ndarray) -> tuple[np.ndarray, np.nd
     return np.array(probs), np.stack(states)
 
 
-def _fold_if(model: Path, out: Path) -> Path:
-    """Silero's If on ``sr`` folded for sr=16000 (``sr`` stays a real int64 input): OpenVINO cannot convert the
-    If's dynamic-rank branches. Remove once quantize folds it itself (onnx_prepare, wired into the ONNX source)."""
-    import onnx
-
-    from edgesdk_converters.onnx_prepare import fold_constant_branches
-
-    onnx.save(fold_constant_branches(onnx.load(str(model)), {"sr": SR}, {"input": (1, 512), "state": (2, 1, 128)}),
-              str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
 def silero(tmp_path_factory):
     from edgesdk_converters.quantize import quantize
@@ -163,7 +151,8 @@ def silero(tmp_path_factory):
     np.savez(work / "calib.npz", input=chunks, state=states, sr=np.full(len(chunks), 16000, np.int64))
     bundle = work / "vad.bundle"
     try:
-        quantize(_fold_if(source, work / "silero_vad.onnx"), work / "calib.npz", bundle, targets=["onnx", "openvino"],
+        # fixed_inputs folds the If on sr (OpenVINO cannot convert its dynamic-rank branches); sr stays an input
+        quantize(source, work / "calib.npz", bundle, targets=["onnx", "openvino"], fixed_inputs={"sr": 16000},
                  input_shapes={"input": (1, 512), "state": (2, 1, 128)}, state={"stateN": "state"}, samples=16,
                  progress=False)
     except edgesdk.errors.ValidationFailed:
@@ -176,7 +165,8 @@ def test_silero_bundle_records_every_input(silero):
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["inputs"] == [{"name": "input", "shape": [1, 512], "dtype": "float32"},
                            {"name": "state", "shape": [2, 1, 128], "dtype": "float32"},
-                           {"name": "sr", "shape": [], "dtype": "int64"}]
+                           {"name": "sr", "shape": [], "dtype": "int64", "fixed": 16000}]
+    assert m["source"]["fixed_inputs"] == {"sr": 16000}
     assert m["outputs"] == [{"name": "output", "shape": [1, 1], "dtype": "float32"},
                             {"name": "stateN", "shape": [2, 1, 128], "dtype": "float32"}]
     assert m["state"] == [{"output": "stateN", "input": "state", "initial": "zeros"}]
@@ -203,3 +193,30 @@ def test_silero_stream_gives_onnxruntime_probabilities(silero, artifact):
     # max |p - p_float| 0.0995 over these 100 chunks (float peaks at 0.10 on this synthetic audio): bounded at 0.15.
     bound = 1e-4 if artifact.endswith("fp32") else 0.15
     assert np.abs(got - want).max() <= bound
+
+
+def test_silero_specialized_for_sr_fills_it_in_and_refuses_another(silero):
+    """sr=16000 was folded into the model: a device may leave sr out, and any other rate is refused (the folded
+    model would answer for 16 kHz whatever it is told)."""
+    _, bundle = silero
+    chunk = _audio(8, seed=3)[2]
+    state = np.zeros((2, 1, 128), np.float32)
+    with edgesdk.load(bundle, artifact="onnxruntime-fp32") as model:
+        given = model.predict({"input": chunk, "state": state, "sr": SR})
+        filled = model.predict({"input": chunk, "state": state})
+        np.testing.assert_array_equal(given.outputs[0], filled.outputs[0])
+        with pytest.raises(edgesdk.errors.InputError, match="specialized for sr = 16000 when it was quantized"):
+            model.predict({"input": chunk, "state": state, "sr": np.array(8000, np.int64)})
+
+
+def test_fixed_inputs_misuse_is_named_before_any_work(tmp_path):
+    from edgesdk_converters.quantize import quantize
+
+    source = zoo.model("silero_vad")
+    with pytest.raises(edgesdk.errors.ConversionError, match=r"fixed_inputs names 'rate'.*inputs: input, state, sr"):
+        quantize(source, tmp_path / "none.npz", tmp_path / "b", fixed_inputs={"rate": 16000},
+                 input_shapes={"input": (1, 512), "state": (2, 1, 128)})
+    with pytest.raises(edgesdk.errors.ConversionError, match=r"fixed_inputs\['sr'\] must be a number"):
+        quantize(source, tmp_path / "none.npz", tmp_path / "b", fixed_inputs={"sr": "16k"})
+    with pytest.raises(edgesdk.errors.ConversionError, match="fixed_inputs specializes ONNX models"):
+        quantize(zoo.model("blazeface"), tmp_path / "none.npz", tmp_path / "b", fixed_inputs={"input": 0})

@@ -40,6 +40,7 @@ class Source:
         # log once the targets are checked, ``provenance`` goes into the manifest's ``source`` section.
         self.notes: list[str] = []
         self.provenance: dict[str, Any] = {}
+        self.fixed: dict[str, Any] = {}  # inputs the model was specialized for (fix_inputs), by name
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -76,6 +77,11 @@ class Source:
             fine = [t for t in self.targets if t not in targets and self.unsupported(t) is None]
             raise ConversionError(f"{self.name} cannot go to " + "; ".join(f"{t}: {why}" for t, why in refused)
                                   + (f" (targets that take it: {', '.join(fine)})" if fine else ""))
+
+    def fix_inputs(self, values: dict[str, Any]) -> None:
+        """Specialize the model for these input values (``QuantizeOptions.fixed_inputs``); only ONNX sources can."""
+        raise ConversionError(f"fixed_inputs specializes ONNX models (their If branches); {self.name} is a "
+                              f"{self.kind} source")
 
     def fix_shapes(self, sample: list[np.ndarray]) -> None:
         """Replace dynamic input dimensions with those of a real sample."""

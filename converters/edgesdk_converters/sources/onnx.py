@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,46 @@ class OnnxSource(Source):
         import onnx
 
         return onnx.load(str(self.path), load_external_data=False)
+
+    def fix_inputs(self, values: dict[str, Any]) -> None:
+        """Fold the ``If`` branches these input values decide (Silero VAD's ``If`` on ``sr``), as OpenVINO and the
+        LiteRT importer need: the model becomes correct for these values only. The inputs stay (the bundle records
+        each value; a device fills it in or refuses another)."""
+        import tempfile
+        import weakref
+
+        import onnx
+
+        from ..onnx_prepare import control_flow, fold_constant_branches
+
+        specs = {s.name: s for s in self.inputs}
+        unknown = sorted(set(values) - set(specs))
+        if unknown:
+            raise ConversionError(f"fixed_inputs names {', '.join(map(repr, unknown))}, which {self.name} does not "
+                                  f"have (inputs: {', '.join(specs)})")
+        constants = {}
+        for name, value in values.items():
+            spec = specs[name]
+            if any(d == -1 for d in spec.shape):
+                raise ConversionError(f"fixed_inputs[{name!r}]: input {name!r} has a dynamic shape "
+                                      f"{list(spec.shape)}; give its shape with input_shapes first")
+            array = np.full(spec.shape, value, dtype=spec.dtype)
+            if array.reshape(-1)[0] != value:
+                raise ConversionError(f"fixed_inputs[{name!r}] = {value!r} is not a {spec.dtype} value")
+            constants[name] = array
+        before = len(control_flow(self._model()))
+        shapes = {s.name: tuple(s.shape) for s in self.inputs if all(d > 0 for d in s.shape)}
+        folded = fold_constant_branches(self._model(), constants, shapes)
+        work = Path(tempfile.mkdtemp(prefix="edgesdk-fixed-"))
+        weakref.finalize(self, shutil.rmtree, work, True)
+        self.path = work / self.name
+        onnx.save(folded, str(self.path))
+        self._why_not, self._for_onnx = {}, None  # the routes are checked again on the folded model
+        self.fixed = {name: np.asarray(v).item() for name, v in constants.items()}
+        left = len(control_flow(folded))
+        self.notes.append(f"[source] {self.name} specialized for {self.fixed}: {before - left} If node(s) folded"
+                          + (f", {left} control-flow node(s) left" if left else ""))
+        self.provenance["fixed_inputs"] = dict(self.fixed)
 
     def unsupported(self, target: str) -> str | None:
         """Why ``target`` cannot take this model (every offending op at once), or None; checked once per target,
