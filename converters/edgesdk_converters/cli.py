@@ -59,6 +59,28 @@ def _state(values: Optional[List[str]]) -> Optional[dict[str, str]]:
     return pairs
 
 
+def _fixed_inputs(values: Optional[List[str]]) -> Optional[dict[str, float | int | bool]]:
+    """``sr=16000`` (repeatable) -> {"sr": 16000}: an input the ONNX model is specialized for."""
+    if not values:
+        return None
+    fixed: dict[str, float | int | bool] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        number: float | int | bool | None = {"true": True, "false": False}.get(text.lower())
+        for kind in (int, float):
+            if number is None:
+                try:
+                    number = kind(text)
+                except ValueError:
+                    pass
+        if not sep or not name or number is None:
+            raise typer.BadParameter(f"{value!r}: write NAME=VALUE, e.g. sr=16000", param_hint="--fixed-input")
+        if name in fixed:
+            raise typer.BadParameter(f"input {name!r} is given twice", param_hint="--fixed-input")
+        fixed[name] = number
+    return fixed
+
+
 def _converters():
     """The workstation quantizer, imported only by the commands that need it."""
     import importlib.util
@@ -106,6 +128,10 @@ def quantize(
     state: Optional[List[str]] = typer.Option(None, "--state", help="A stateful model's output fed back into an "
                                               "input on the next call, OUTPUT:INPUT (e.g. stateN:state); "
                                               "repeatable. Recorded in the manifest; model.stream() carries it."),
+    fixed_input: Optional[List[str]] = typer.Option(None, "--fixed-input", help="Specialize an ONNX model for one "
+                                                    "input value, NAME=VALUE (e.g. sr=16000): the If branches it "
+                                                    "decides are folded; the bundle keeps the input and refuses "
+                                                    "another value. Repeatable."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
@@ -122,7 +148,8 @@ def quantize(
             source, calib, out, targets=_targets(targets), val=val, preprocess=preprocess, labels=labels,
             samples=samples, val_samples=val_samples, seed=seed, max_drop=max_drop, max_error_cap=max_error_cap,
             name=name, overwrite=force,
-            tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), state=_state(state), progress=not quiet,
+            tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), state=_state(state),
+            fixed_inputs=_fixed_inputs(fixed_input), progress=not quiet,
         )
     except TargetsFailed as exc:
         if exc.bundle is None:

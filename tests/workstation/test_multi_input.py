@@ -220,3 +220,24 @@ def test_fixed_inputs_misuse_is_named_before_any_work(tmp_path):
         quantize(source, tmp_path / "none.npz", tmp_path / "b", fixed_inputs={"sr": "16k"})
     with pytest.raises(edgesdk.errors.ConversionError, match="fixed_inputs specializes ONNX models"):
         quantize(zoo.model("blazeface"), tmp_path / "none.npz", tmp_path / "b", fixed_inputs={"input": 0})
+
+
+def test_the_command_line_builds_silero_with_state_and_a_fixed_sr(tmp_path):
+    import subprocess
+    import sys
+
+    edgesdk_cli = str(Path(sys.executable).parent / "edgesdk")
+    source = zoo.model("silero_vad")
+    chunks = _audio(12, seed=5)
+    _, states = _carried_by_hand(source, chunks)
+    np.savez(tmp_path / "calib.npz", input=chunks, state=states, sr=np.full(len(chunks), 16000, np.int64))
+    command = [edgesdk_cli, "quantize", str(source), "--calib", str(tmp_path / "calib.npz"), "--targets", "onnx",
+               "--input-shape", "input:1x512", "--input-shape", "state:2x1x128", "--state", "stateN:state",
+               "--samples", "8", "--max-drop", "100", "-o", str(tmp_path / "vad.bundle"), "-q"]
+    bad = subprocess.run(command + ["--fixed-input", "sr"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "write NAME=VALUE, e.g. sr=16000" in bad.stderr
+    done = subprocess.run(command + ["--fixed-input", "sr=16000"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = json.loads((tmp_path / "vad.bundle" / "manifest.json").read_text())
+    assert m["inputs"][2] == {"name": "sr", "shape": [], "dtype": "int64", "fixed": 16000}
+    assert m["state"] == [{"output": "stateN", "input": "state", "initial": "zeros"}]
