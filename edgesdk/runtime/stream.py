@@ -39,7 +39,9 @@ class Stream:
         outputs = {t["name"]: j for j, t in enumerate(manifest["outputs"])}
         # (output index, input name, zeros of the input's shape and dtype); the schema checked both names and shapes
         self._carried = [(outputs[p["output"]], p["input"], _zeros(inputs[p["input"]][1])) for p in pairs]
-        self._given = [name for name in inputs if name not in {p["input"] for p in pairs}]
+        # what a step takes: every input but the state and those the model was specialized for (filled in)
+        self._given = [name for name, (_, spec) in inputs.items()
+                       if name not in {p["input"] for p in pairs} and "fixed" not in spec]
         self._lock = threading.Lock()
         self._state: dict[str, np.ndarray] = {}
         self.reset()

@@ -241,3 +241,15 @@ def test_the_command_line_builds_silero_with_state_and_a_fixed_sr(tmp_path):
     m = json.loads((tmp_path / "vad.bundle" / "manifest.json").read_text())
     assert m["inputs"][2] == {"name": "sr", "shape": [], "dtype": "int64", "fixed": 16000}
     assert m["state"] == [{"output": "stateN", "input": "state", "initial": "zeros"}]
+
+
+def test_silero_streams_one_chunk_at_a_time_with_sr_filled_in(silero):
+    """The app's whole loop: state carried, sr fixed at quantize time, so a step takes the audio chunk alone."""
+    source, bundle = silero
+    chunks = _audio(20, seed=11)
+    want, _ = _carried_by_hand(source, chunks)
+    with edgesdk.load(bundle, artifact="onnxruntime-fp32") as model:
+        stream = model.stream()
+        assert stream.inputs == ["input"]
+        got = [float(stream.predict(chunk).outputs[0].reshape(-1)[0]) for chunk in chunks]
+    np.testing.assert_allclose(got, want, atol=1e-4)
