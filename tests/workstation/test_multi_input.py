@@ -105,7 +105,7 @@ def test_state_option_is_checked_before_any_work(tmp_path):
 def test_cli_state_option_parses_output_input_pairs():
     import typer
 
-    from edgesdk_converters.cli import _state
+    from edgesdk_converters.cli import _state  # private: the option's parser alone, without a conversion
 
     assert _state(["stateN:state", "c:cell"]) == {"stateN": "state", "c": "cell"}
     with pytest.raises(typer.BadParameter, match="write OUTPUT:INPUT"):

@@ -177,7 +177,7 @@ def test_cli_exits_1_naming_the_failed_target(cubic, tmp_path):
 def test_error_text_keeps_the_chained_cause(tmp_path):
     """An engine's one-line summary (ONNX Runtime's load error is cut at 300 characters) keeps its whole message in
     the chained cause: the recorded error carries it."""
-    from edgesdk_converters.quantize import _error_text
+    from edgesdk_converters.quantize import _error_text  # private: the recorded text alone, no failing toolchain
 
     long = "x" * 400 + " the real cause at the end"
     try:
@@ -192,7 +192,7 @@ def test_error_text_keeps_the_chained_cause(tmp_path):
 
 
 def test_manifest_error_is_capped_keeping_both_ends():
-    from edgesdk_converters.quantize import MAX_ERROR_CHARS, _capped
+    from edgesdk_converters.quantize import MAX_ERROR_CHARS, _capped  # private: the manifest cap alone
 
     error = "head " + "x" * 50_000 + " tail"
     kept = _capped(error)
