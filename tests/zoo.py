@@ -80,13 +80,7 @@ FIXED = {"silero_vad": {"sr": 16000}}
 def quantize_options(key: str, size: str = "small") -> dict:
     """The keyword options ``quantize`` needs for model ``key`` at ``size``: its dynamic dims fixed, its state and
     its fixed inputs (the accuracy gates are the caller's)."""
-    from dataclasses import fields
-
-    from edgesdk_converters.options import QuantizeOptions
-
-    options = {"input_shapes": SHAPES[key][size] or None, "state": STATE.get(key)}
-    if key in FIXED and "fixed_inputs" in {f.name for f in fields(QuantizeOptions)}:
-        options["fixed_inputs"] = FIXED[key]  # (until that option lands, Silero's OpenVINO route fails on its If)
+    options = {"input_shapes": SHAPES[key][size] or None, "state": STATE.get(key), "fixed_inputs": FIXED.get(key)}
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -149,7 +149,9 @@ def test_silero_bundle_keeps_all_three_inputs(run):
     m = run.manifest
     assert m["inputs"] == [{"name": "input", "shape": [1, 512], "dtype": "float32"},
                            {"name": "state", "shape": [2, 1, 128], "dtype": "float32"},
-                           {"name": "sr", "shape": [], "dtype": "int64"}]
+                           {"name": "sr", "shape": [], "dtype": "int64", "fixed": 16000}]
+    assert {a["id"] for a in m["artifacts"]} >= {"onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32",
+                                                 "openvino-int8"}  # the If on sr folded: OpenVINO takes it
     assert m["state"] == [{"output": "stateN", "input": "state", "initial": "zeros"}]
 
 
@@ -164,6 +166,6 @@ def test_silero_streams_like_onnxruntime_carrying_the_state(run):
         with edgesdk.load(run.bundle, artifact=artifact) as model:
             assert model.placement.numerics["checked"] is True
             stream = model.stream()
-            got = np.array([float(stream.predict({"input": c, "sr": 16000}).outputs[0].reshape(-1)[0])
-                            for c in chunks])
+            got = np.array([float(stream.predict({"input": c, "sr": 16000} if i % 2 else {"input": c})
+                                  .outputs[0].reshape(-1)[0]) for i, c in enumerate(chunks)])  # sr given or filled
         assert np.abs(got - want).max() <= 1e-4, artifact
