@@ -136,6 +136,8 @@ def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
             raise CalibrationError(f"{what} file {path}: {exc}") from exc
     if not keyed:
         x = arrays[0]
+        if len(inputs) == 1 and x.ndim == len(inputs[0].shape) + 1 and x.ndim > 1 and x.shape[1] == 1:
+            x = x[:, 0]  # samples given whole, batch axis included ([n, 1, ...]): the sample axis is the first
         _check_labels(y, len(x), path, what)
         return _from_array(x, y, str(path), what)
     counts = {n: (a.shape[0] if a.ndim else None) for n, a in zip(names, arrays)}

@@ -138,7 +138,9 @@ def quantize(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         built: list[Built] = []
-        build: dict[str, dict] = {}  # target -> its manifest "build" entry
+        # target -> its manifest "build" entry; a route the source cannot take, skipped up front, says why too
+        build: dict[str, dict] = {t: {"status": "refused", "error": src.unsupported(t), "log_tail": []}
+                                  for t in (src.targets if targets is None else ()) if t not in wanted}
         failed: dict[str, str] = {}  # target -> full error text
         for target in wanted:
             say(f"[{target}] building float and INT8 artifacts for {TARGET_ENGINES[target]}")

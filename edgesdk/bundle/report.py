@@ -120,6 +120,9 @@ def build_report(manifest: dict[str, Any]) -> list[str]:
         return []
     lines = ["build: " + ", ".join(f"{target} {entry.get('status')}" for target, entry in build.items())]
     for target, entry in build.items():
+        if entry.get("status") == "refused":  # skipped before any work: the source cannot go there
+            lines.append(f"  {target} refused before any work: {entry.get('error') or '(no reason recorded)'}")
+            continue
         if entry.get("status") != "failed":
             continue
         lines.append(f"  {target} FAILED, left out of this bundle:")

@@ -100,7 +100,7 @@ VALIDATION_MACHINE = Obj(optional={
 _SHARE = Num(0.0, 1.0, "a number in [0, 1]")
 # What quantize built, per target (tflite, openvino, onnx): a failed target's artifacts are left out of the bundle and
 # its full error (line breaks kept: it is printed line by line, escaped) and the converter's last lines kept here.
-BUILD = MapOf(Obj(required={"status": OneOf("built", "failed")},
+BUILD = MapOf(Obj(required={"status": OneOf("built", "failed", "refused")},
                   optional={"error": Nullable(Str()), "log_tail": ListOf(Str())}), keys=NAME)
 MANIFEST = Obj(
     required={

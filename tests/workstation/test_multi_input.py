@@ -253,3 +253,36 @@ def test_silero_streams_one_chunk_at_a_time_with_sr_filled_in(silero):
         assert stream.inputs == ["input"]
         got = [float(stream.predict(chunk).outputs[0].reshape(-1)[0]) for chunk in chunks]
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_an_npz_x_with_whole_samples_batch_axis_included_is_read_as_samples(tmp_path):
+    """For an input [1, 1, 8, 8], an ``x`` of [n, 1, 1, 8, 8] is n whole samples (the batch axis included)."""
+    from edgesdk_converters.quantize import quantize
+
+    from support import DIGITS_ONNX
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.normal(size=(12, 1, 1, 8, 8)).astype(np.float32))
+    result = quantize(DIGITS_ONNX, tmp_path / "calib.npz", tmp_path / "b", targets=["onnx"], samples=8,
+                      max_drop=100.0, max_error_cap=1.0, progress=False)
+    assert result.manifest["calibration"]["samples"] == 8 and result.manifest["inputs"][0]["shape"] == [1, 1, 8, 8]
+
+
+def test_a_route_refused_up_front_is_in_the_manifest_and_inspect(tmp_path):
+    """Default targets skip LiteRT for Silero (the importer has no LSTM): the manifest's build section says so, and
+    inspect shows it, not only the log."""
+    import subprocess
+    import sys
+
+    from edgesdk_converters.quantize import quantize
+
+    source = zoo.model("silero_vad")
+    calib = zoo.calibration("silero_vad", 12)
+    np.savez(tmp_path / "calib.npz", **calib)
+    result = quantize(source, tmp_path / "calib.npz", tmp_path / "b", samples=8, max_drop=100.0, max_error_cap=1.0,
+                      progress=False, **zoo.quantize_options("silero_vad", "small"))
+    entry = result.manifest["build"]["tflite"]
+    assert entry["status"] == "refused" and "LSTM" in entry["error"]
+    shown = subprocess.run([str(Path(sys.executable).parent / "edgesdk"), "inspect", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "tflite refused before any work: " in shown.stdout
