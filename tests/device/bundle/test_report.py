@@ -81,7 +81,7 @@ def test_summary_without_build_section_is_unchanged(digits_bundle):
 
 
 @pytest.mark.parametrize(("build", "problem"), [
-    ({"tflite": {"status": "broken"}}, 'build.tflite.status must be one of "built", "failed", got "broken"'),
+    ({"tflite": {"status": "broken"}}, 'build.tflite.status must be one of "built", "failed", "refused", got "broken"'),
     ({"tflite": {"error": None}}, "build.tflite is missing key(s) status"),
     ({"tflite": {"status": "failed", "error": 3}}, "build.tflite.error must be a string or null, got 3"),
     ({"tflite": {"status": "failed", "log_tail": "x"}}, 'build.tflite.log_tail must be a list, got "x"'),
