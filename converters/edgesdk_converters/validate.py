@@ -48,6 +48,11 @@ class _Tally:
     out_max: float = float("-inf")
     probs_like: bool = True
     latencies: list[float] = field(default_factory=list)
+    # per output j: the largest error against the golden output j, the largest |value| and the range of output j
+    err_per: list[float] = field(default_factory=list)
+    abs_per: list[float] = field(default_factory=list)
+    lo_per: list[float] = field(default_factory=list)
+    hi_per: list[float] = field(default_factory=list)
 
 
 def open_for_validation(built: Built) -> Engine:
@@ -100,6 +105,9 @@ def validate(built: list[Built], val: Dataset, max_drop: float,
     caps = error_caps(built, tallies, golden_id, error_cap)
     metrics = {b.id: _summary(b, refs[b.engine], tallies, val.labels is not None, max_drop, effective[b.id], caps[b.id])
                for b in built}
+    for b in built:  # and every output on its own: one output's range must not excuse another's error
+        if b.precision == "int8":
+            _check_each_output(metrics[b.id], b, built, tallies, golden_id, error_cap)
     golden = {
         "reference": golden_id,
         "inputs": golden_in,
@@ -133,6 +141,34 @@ def error_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
     return caps
 
 
+def output_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
+                share: float = INT8_ERROR_CAP) -> list[float]:
+    """Per output, the largest error an INT8 artifact may have against the golden float output: ``share`` of that
+    output's range over the validation set, never less than the float conversions need there (twice their error,
+    at least 1e-4 + 0.1% of the output's largest value). :func:`error_caps` pools every output's range into one
+    number; a model with a wide output (a recurrent state) and a narrow one (a probability) needs both checked."""
+    g = tallies[golden_id]
+    caps = []
+    for j in range(len(g.err_per)):
+        floor = 1e-4 + 1e-3 * g.abs_per[j]
+        floats = [2.0 * tallies[b.id].err_per[j] for b in built if b.precision == "fp32" and tallies[b.id].err_per]
+        caps.append(max([share * max(g.hi_per[j] - g.lo_per[j], 0.0), floor] + floats))
+    return caps
+
+
+def _check_each_output(out: dict, b: Built, built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
+                       share: float) -> None:
+    """Fail an INT8 artifact whose error on any one output exceeds that output's own cap (:func:`output_caps`),
+    recording each output's error and cap."""
+    t, caps = tallies[b.id], output_caps(built, tallies, golden_id, share)
+    if len(caps) < 2 or len(t.err_per) != len(caps):
+        return  # one output: the pooled cap is that output's cap
+    out["output_errors"] = [{"max_abs_error": e, "cap": c} for e, c in zip(t.err_per, caps)]
+    if any(e > c for e, c in zip(t.err_per, caps)):
+        out["passed"] = False
+        out["max_abs_error_cap_exceeded"] = True
+
+
 def _add(t: _Tally, own: np.ndarray, ref: np.ndarray, golden: np.ndarray, label: int | None,
          own_all: list[np.ndarray], golden_all: list[np.ndarray]) -> None:
     t.n += 1
@@ -148,6 +184,14 @@ def _add(t: _Tally, own: np.ndarray, ref: np.ndarray, golden: np.ndarray, label:
     t.max_abs_ref = max(t.max_abs_ref, float(np.max(np.abs(a))))
     for o in own_all:
         t.out_min, t.out_max = min(t.out_min, float(np.min(o))), max(t.out_max, float(np.max(o)))
+    if not t.err_per:
+        t.err_per, t.abs_per = [0.0] * len(own_all), [0.0] * len(own_all)
+        t.lo_per, t.hi_per = [float("inf")] * len(own_all), [float("-inf")] * len(own_all)
+    for j, (o, q) in enumerate(zip(own_all, golden_all)):
+        if o.size:
+            t.err_per[j] = max(t.err_per[j], float(np.max(np.abs(o - q))))
+            t.abs_per[j] = max(t.abs_per[j], float(np.max(np.abs(o))))
+            t.lo_per[j], t.hi_per[j] = min(t.lo_per[j], float(np.min(o))), max(t.hi_per[j], float(np.max(o)))
     t.probs_like = t.probs_like and bool(np.all(a >= 0) and abs(float(a.sum()) - 1.0) < 1e-3)
 
 

@@ -186,7 +186,14 @@ class Bundle:
             words = gate.removesuffix("_points").replace("_", " ")  # "accuracy_drop_points" -> "accuracy drop"
             failures.append(f"{words} {drop:.2f} points > max {limit:g}")
         error, cap = number("max_abs_error_golden"), number("max_abs_error_cap")
-        if entry.get("max_abs_error_cap_exceeded") is True:
+        outputs = [o.get("name") for o in self.manifest.get("outputs", []) if isinstance(o, dict)]
+        over = [(outputs[j] if j < len(outputs) else j, e["max_abs_error"], e["cap"])
+                for j, e in enumerate(entry.get("output_errors") or []) if isinstance(e, dict)
+                and all(isinstance(e.get(k), (int, float)) for k in ("max_abs_error", "cap"))
+                and e["max_abs_error"] > e["cap"]]
+        if entry.get("max_abs_error_cap_exceeded") is True and over:  # one output off by more than its own cap
+            failures += [f"max |error| of output {name!r} against float {e:.4g} > its cap {c:.4g}" for name, e, c in over]
+        elif entry.get("max_abs_error_cap_exceeded") is True:
             failures.append(f"max |error| against the float outputs {error:.4g} > cap {cap:.4g}"
                             if error is not None and cap is not None else "max |error| above its cap")
         if not failures:

@@ -63,7 +63,15 @@ def validation_table(manifest: dict[str, Any]) -> str:
         if m.get("slower_than_float"):
             notes.append(f"warning: {art['id']} is slower than its float reference "
                          f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
-        if m.get("max_abs_error_cap_exceeded"):
+        over = [(manifest["outputs"][j]["name"] if j < len(manifest.get("outputs", [])) else f"output {j}", e)
+                for j, e in enumerate(m.get("output_errors") or []) if isinstance(e, dict)
+                and isinstance(e.get("max_abs_error"), (int, float)) and isinstance(e.get("cap"), (int, float))
+                and e["max_abs_error"] > e["cap"]]
+        if m.get("max_abs_error_cap_exceeded") and over:
+            notes.append(f"FAILED: {art['id']} is off the float output(s) " + ", ".join(
+                f"{name} by {_num(e['max_abs_error'], '.4g')} (cap {_num(e['cap'], '.4g')}, a share of that "
+                f"output's range)" for name, e in over) + ": an output INT8 flattens or breaks")
+        elif m.get("max_abs_error_cap_exceeded"):
             notes.append(f"FAILED: {art['id']} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}"
                          f", more than INT8 may be (cap {_num(m.get('max_abs_error_cap'), '.4g')}, a share of the "
                          f"outputs' range): saturating integer kernels on this CPU, or a broken conversion")

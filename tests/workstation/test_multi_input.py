@@ -175,12 +175,34 @@ def test_silero_bundle_records_every_input(silero):
         assert golden["input_1"].shape == (m["golden"]["count"], 2, 1, 128) and golden["input_2"].dtype == np.int64
     assert {a["id"] for a in m["artifacts"]} == {"onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32",
                                                  "openvino-int8"}
-    # Measured here: ONNX Runtime INT8 passes (prob error ~5e-4 on held-out chunks); OpenVINO INT8 runs its float
-    # parts (the LSTM) in bf16 on AMX and is off the state by ~24 of a range of ~36, so it fails its gate.
-    assert m["validation"]["onnxruntime-int8"]["passed"] is True
+    # Measured here (AMX): both INT8 artifacts flatten the speech probability (float peaks near 0.10 on this audio,
+    # INT8 stays near 0.005), which the per-output cap catches (the state's wide range no longer excuses it), so
+    # both fail their gate and a device serves a float artifact (test_silero_default_load_serves_float_and_streams).
+    for aid in ("onnxruntime-int8", "openvino-int8"):
+        entry = m["validation"][aid]
+        assert entry["passed"] is False and entry["max_abs_error_cap_exceeded"] is True
+        prob = entry["output_errors"][0]
+        assert prob["max_abs_error"] > prob["cap"], entry["output_errors"]
+    from edgesdk.bundle.report import validation_table
+
+    assert "onnxruntime-int8 is off the float output(s) output by " in validation_table(m)  # named, with its cap
+    gate = edgesdk.Bundle.open(bundle).failed_gate("onnxruntime-int8")
+    assert gate.startswith("max |error| of output 'output' against float ") and "> its cap " in gate
 
 
-@pytest.mark.parametrize("artifact", ["onnxruntime-fp32", "openvino-fp32", "onnxruntime-int8"])
+def test_silero_default_load_serves_float_and_streams(silero):
+    """What an app gets with edgesdk.load(bundle): not a failed INT8 artifact, and the float model's probabilities."""
+    source, bundle = silero
+    chunks = _audio(100, seed=7)
+    want, _ = _carried_by_hand(source, chunks)
+    with edgesdk.load(bundle) as model:
+        assert model.placement.precision == "fp32"
+        stream = model.stream()
+        got = np.array([float(stream.predict(c).outputs[0].reshape(-1)[0]) for c in chunks])
+    assert np.abs(got - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("artifact", ["onnxruntime-fp32", "openvino-fp32"])
 def test_silero_stream_gives_onnxruntime_probabilities(silero, artifact):
     source, bundle = silero
     chunks = _audio(100, seed=7)
@@ -189,10 +211,7 @@ def test_silero_stream_gives_onnxruntime_probabilities(silero, artifact):
         assert model.placement.artifact == artifact and model.placement.numerics["checked"] is True
         stream = model.stream()
         got = np.array([float(stream.predict({"input": c, "sr": 16000}).outputs[0].reshape(-1)[0]) for c in chunks])
-    # fp32: within 1e-4. INT8 (ONNX Runtime): the state's quantization error compounds over the stream; measured
-    # max |p - p_float| 0.0995 over these 100 chunks (float peaks at 0.10 on this synthetic audio): bounded at 0.15.
-    bound = 1e-4 if artifact.endswith("fp32") else 0.15
-    assert np.abs(got - want).max() <= bound
+    assert np.abs(got - want).max() <= 1e-4
 
 
 def test_silero_specialized_for_sr_fills_it_in_and_refuses_another(silero):
@@ -279,9 +298,12 @@ def test_a_route_refused_up_front_is_in_the_manifest_and_inspect(tmp_path):
     source = zoo.model("silero_vad")
     calib = zoo.calibration("silero_vad", 12)
     np.savez(tmp_path / "calib.npz", **calib)
-    result = quantize(source, tmp_path / "calib.npz", tmp_path / "b", samples=8, max_drop=100.0, max_error_cap=1.0,
-                      progress=False, **zoo.quantize_options("silero_vad", "small"))
-    entry = result.manifest["build"]["tflite"]
+    try:
+        quantize(source, tmp_path / "calib.npz", tmp_path / "b", samples=8, max_drop=100.0, max_error_cap=1.0,
+                 progress=False, **zoo.quantize_options("silero_vad", "small"))
+    except edgesdk.errors.ValidationFailed:
+        pass  # the INT8 artifacts flatten the probability (test_silero_bundle_records_every_input); written anyway
+    entry = json.loads((tmp_path / "b" / "manifest.json").read_text())["build"]["tflite"]
     assert entry["status"] == "refused" and "LSTM" in entry["error"]
     shown = subprocess.run([str(Path(sys.executable).parent / "edgesdk"), "inspect", str(tmp_path / "b")],
                            capture_output=True, text=True, timeout=120)
