@@ -269,33 +269,4 @@ class RegularFile:
         self._file.close()
 
 
-def read_npy(path: Path) -> np.ndarray:
-    """A ``.npy`` array file (``edgesdk run x.npy``): a regular file whose header is checked before any data is read
-    (a numeric dtype, never unpickled; at most MAX_ARRAY_ELEMENTS elements; the file holds all the bytes it declares),
-    then read into exactly that many bytes. Every refusal is an :class:`InputError` naming the file."""
-    with RegularFile(Path(path), "array file", max_bytes=MAX_ARRAY_ELEMENTS * 16 + (1 << 16)) as file:
-        try:
-            version = np.lib.format.read_magic(file)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f".npy format version {version} is not read")
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, fortran, dtype = read_header(file)
-        except (ValueError, EOFError, SyntaxError, TypeError) as exc:
-            raise InputError(f"{path} is not a readable .npy array: {exc}") from exc
-        if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biufc":
-            raise InputError(f"{path} holds {dtype}, not numbers (Python objects are never unpickled)")
-        count = math.prod(shape)
-        if count > MAX_ARRAY_ELEMENTS:
-            raise InputError(f"{path} declares {count} elements ({list(shape)}); more than {MAX_ARRAY_ELEMENTS} is "
-                             f"refused (edgesdk.bundle.tensors.MAX_ARRAY_ELEMENTS)")
-        data = bytearray(count * dtype.itemsize)
-        view, got = memoryview(data), 0
-        while got < len(data) and (n := file.readinto(view[got:])):
-            got += n
-        if got < len(data):
-            raise InputError(f"{path} is cut short: {got} of the {len(data)} bytes its header declares")
-    return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
-
-
-__all__ = ["BundleIO", "Top", "MAX_IMAGE_PIXELS", "MAX_IMAGE_BYTES", "MAX_ARRAY_ELEMENTS", "read_npy"]
+__all__ = ["BundleIO", "Top", "MAX_IMAGE_PIXELS", "MAX_IMAGE_BYTES", "MAX_ARRAY_ELEMENTS"]
