@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..choices import BackendReason
+from ..errors import BackendUnavailable, InputError
 from .result import Result
 
 if TYPE_CHECKING:  # the model imports this module
@@ -79,6 +80,12 @@ class Stream:
         with self._lock:
             feeds = self._model.io.feeds({**x, **self._state})
             result = self._model.run_prepared(feeds, t0)
+            for j, name, zeros in self._carried:
+                if result.outputs[j].size != zeros.size:
+                    raise BackendUnavailable(BackendReason.RUN_FAILED, (
+                        f"model {self._model.bundle.name!r} returned {result.outputs[j].size} values for its state "
+                        f"output {j}, which feeds input {name!r} of shape {list(zeros.shape)}: the artifact does not "
+                        "match its manifest; the stream keeps its state"))
             self._state = {name: np.array(result.outputs[j], dtype=zeros.dtype).reshape(zeros.shape)
                            for j, name, zeros in self._carried}
         return result

@@ -308,3 +308,21 @@ def test_a_route_refused_up_front_is_in_the_manifest_and_inspect(tmp_path):
     shown = subprocess.run([str(Path(sys.executable).parent / "edgesdk"), "inspect", str(tmp_path / "b")],
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "tflite refused before any work: " in shown.stdout
+
+
+def test_the_per_output_cap_allows_a_few_int8_steps_on_an_output_that_barely_varies():
+    """A presence score stuck near 0.995 (range 0.002) moved by one INT8 step (0.004) is not a loss; a probability
+    of range 0.1 flattened by 0.096 (Silero) is."""
+    from edgesdk_converters.targets import Built
+    from edgesdk_converters.validate import _Tally, _add, output_caps  # private: the tallies fed by hand
+
+    rng = np.random.default_rng(0)
+    golden, int8 = _Tally(), _Tally()
+    for _ in range(16):
+        scores = rng.uniform(-5, 5, (1, 10)).astype(np.float32)
+        presence = np.array([[0.995 + rng.uniform(-0.001, 0.001)]], np.float32)
+        _add(golden, scores, scores, scores, None, [scores, presence], [scores, presence])
+        _add(int8, scores + 0.05, scores, scores, None, [scores + 0.05, presence + 0.004], [scores, presence])
+    built = [Built("onnxruntime-fp32", "onnxruntime", "fp32", []), Built("onnxruntime-int8", "onnxruntime", "int8", [])]
+    caps = output_caps(built, {"onnxruntime-fp32": golden, "onnxruntime-int8": int8}, "onnxruntime-fp32")
+    assert int8.err_per[1] <= caps[1] and int8.err_per[0] <= caps[0], (int8.err_per, caps)

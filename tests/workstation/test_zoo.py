@@ -75,6 +75,16 @@ def _engine_of(target: str) -> str:
     return TARGET_ENGINES[target]
 
 
+def test_no_zoo_route_fails_late(run):
+    """The issue's rule, strictly: each route the source could take is built or refused before any work; a route
+    that fails late (and whose failure test_every_route_is_built_or_recorded_with_its_reason would accept) is a
+    regression of a route that works today."""
+    assert run.bundle is not None and not run.failed, f"{run.key}: late failures {run.failed}"
+    statuses = {route: run.manifest["build"][route]["status"] for route in run.routes}
+    assert set(statuses.values()) <= {"built", "refused"}, f"{run.key}: {statuses}"
+    assert "built" in statuses.values(), f"{run.key}: nothing built"
+
+
 def test_every_route_is_built_or_recorded_with_its_reason(run):
     build = run.manifest.get("build", {}) if run.bundle else {}
     if run.bundle is None:  # nothing built: every route that was tried is named with its error
