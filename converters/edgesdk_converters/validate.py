@@ -107,9 +107,10 @@ def validate(built: list[Built], val: Dataset, max_drop: float,
     caps = error_caps(built, tallies, golden_id, error_cap)
     metrics = {b.id: _summary(b, refs[b.engine], tallies, val.labels is not None, max_drop, effective[b.id], caps[b.id])
                for b in built}
+    per_output = output_caps(built, tallies, golden_id, error_cap)
     for b in built:  # and every output on its own: one output's range must not excuse another's error
         if b.precision == "int8":
-            _check_each_output(metrics[b.id], b, built, tallies, golden_id, error_cap)
+            _check_each_output(metrics[b.id], tallies[b.id], per_output)
     golden = {
         "reference": golden_id,
         "inputs": golden_in,
@@ -161,11 +162,9 @@ def output_caps(built: list[Built], tallies: dict[str, "_Tally"], golden_id: str
     return caps
 
 
-def _check_each_output(out: dict, b: Built, built: list[Built], tallies: dict[str, "_Tally"], golden_id: str,
-                       share: float) -> None:
+def _check_each_output(out: dict, t: _Tally, caps: list[float]) -> None:
     """Fail an INT8 artifact whose error on any one output exceeds that output's own cap (:func:`output_caps`),
     recording each output's error and cap."""
-    t, caps = tallies[b.id], output_caps(built, tallies, golden_id, share)
     if len(caps) < 2 or len(t.err_per) != len(caps):
         return  # one output: the pooled cap is that output's cap
     out["output_errors"] = [{"max_abs_error": e, "cap": c} for e, c in zip(t.err_per, caps)]

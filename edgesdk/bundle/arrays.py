@@ -62,13 +62,19 @@ def read_array(file: IO[bytes], shown: str, max_elements: int | None = None) -> 
     if count > limit:
         raise InputError(f"{shown} declares {count} elements ({list(shape)}); more than {limit} is refused (at most "
                          "edgesdk.bundle.tensors.MAX_ARRAY_ELEMENTS in one file)")
-    data = bytearray(count * dtype.itemsize)
-    view, got = memoryview(data), 0
-    while got < len(data) and (n := file.readinto(view[got:])):
-        got += n
+    data, got = read_exactly(file, count * dtype.itemsize)
     if got < len(data):
         raise InputError(f"{shown} is cut short: {got} of the {len(data)} bytes its header declares")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+
+
+def read_exactly(file: IO[bytes], size: int) -> tuple[bytearray, int]:
+    """``size`` bytes from ``file`` into a buffer allocated once, and how many came (fewer: the file was short)."""
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size and (n := file.readinto(view[got:])):
+        got += n
+    return data, got
 
 
 def _max_file_bytes() -> int:

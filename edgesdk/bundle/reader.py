@@ -27,6 +27,8 @@ import numpy as np
 from . import external_data
 from . import schema as bundle_schema
 from ..errors import BundleError, FailedArtifactWarning
+from .arrays import read_exactly
+from .report import outputs_over_cap
 
 MANIFEST = "manifest.json"
 MAX_GOLDEN_BYTES = 256 << 20  # the golden arrays the manifest names, decoded; a real bundle holds a few MiB at most
@@ -186,11 +188,7 @@ class Bundle:
             words = gate.removesuffix("_points").replace("_", " ")  # "accuracy_drop_points" -> "accuracy drop"
             failures.append(f"{words} {drop:.2f} points > max {limit:g}")
         error, cap = number("max_abs_error_golden"), number("max_abs_error_cap")
-        outputs = [o.get("name") for o in self.manifest.get("outputs", []) if isinstance(o, dict)]
-        over = [(outputs[j] if j < len(outputs) else j, e["max_abs_error"], e["cap"])
-                for j, e in enumerate(entry.get("output_errors") or []) if isinstance(e, dict)
-                and all(isinstance(e.get(k), (int, float)) for k in ("max_abs_error", "cap"))
-                and e["max_abs_error"] > e["cap"]]
+        over = outputs_over_cap(self.manifest, entry)
         if entry.get("max_abs_error_cap_exceeded") is True and over:  # one output off by more than its own cap
             failures += [f"max |error| of output {name!r} against float {e:.4g} > its cap {c:.4g}" for name, e, c in over]
         elif entry.get("max_abs_error_cap_exceeded") is True:
@@ -372,12 +370,9 @@ def _npy_header(fh, name: str, refused) -> _Header:
 def _golden_data(npz: zipfile.ZipFile, name: str, shape: tuple[int, ...], fortran: bool, dtype: np.dtype,
                  refused) -> np.ndarray:
     """Exactly the bytes the checked header declares, no more."""
-    data = bytearray(math.prod(shape) * dtype.itemsize)
     with npz.open(f"{name}.npy") as fh:
         _npy_header(fh, name, refused)
-        view, got = memoryview(data), 0
-        while got < len(data) and (n := fh.readinto(view[got:])):
-            got += n
+        data, got = read_exactly(fh, math.prod(shape) * dtype.itemsize)
     if got < len(data):
         raise refused(f"member {name!r} is cut short: {got} of {len(data)} bytes")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")

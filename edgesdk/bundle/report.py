@@ -27,6 +27,16 @@ def _escape(char: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+def outputs_over_cap(manifest: dict[str, Any], entry: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(output name, max |error|, cap) of each output an artifact's validation ``entry`` records above its own cap
+    (quantize's per-output INT8 check); tolerant of a hand-edited manifest."""
+    names = [o.get("name") if isinstance(o, dict) else None for o in manifest.get("outputs") or []]
+    return [(names[j] if j < len(names) and names[j] else f"output {j}", e["max_abs_error"], e["cap"])
+            for j, e in enumerate(entry.get("output_errors") or []) if isinstance(e, dict)
+            and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
+                    for k in ("max_abs_error", "cap")) and e["max_abs_error"] > e["cap"]]
+
+
 def failing_artifacts(manifest: dict[str, Any]) -> list[str]:
     """Artifacts whose validation entry does not say ``passed: true`` (artifacts without an entry are not listed)."""
     validation = manifest.get("validation") or {}
@@ -63,14 +73,11 @@ def validation_table(manifest: dict[str, Any]) -> str:
         if m.get("slower_than_float"):
             notes.append(f"warning: {art['id']} is slower than its float reference "
                          f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
-        over = [(manifest["outputs"][j]["name"] if j < len(manifest.get("outputs", [])) else f"output {j}", e)
-                for j, e in enumerate(m.get("output_errors") or []) if isinstance(e, dict)
-                and isinstance(e.get("max_abs_error"), (int, float)) and isinstance(e.get("cap"), (int, float))
-                and e["max_abs_error"] > e["cap"]]
+        over = outputs_over_cap(manifest, m)
         if m.get("max_abs_error_cap_exceeded") and over:
             notes.append(f"FAILED: {art['id']} is off the float output(s) " + ", ".join(
-                f"{name} by {_num(e['max_abs_error'], '.4g')} (cap {_num(e['cap'], '.4g')}, a share of that "
-                f"output's range)" for name, e in over) + ": an output INT8 flattens or breaks")
+                f"{name} by {_num(error, '.4g')} (cap {_num(cap, '.4g')}, a share of that output's range)"
+                for name, error, cap in over) + ": an output INT8 flattens or breaks")
         elif m.get("max_abs_error_cap_exceeded"):
             notes.append(f"FAILED: {art['id']} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}"
                          f", more than INT8 may be (cap {_num(m.get('max_abs_error_cap'), '.4g')}, a share of the "
