@@ -104,6 +104,21 @@ class CriticalMode(Choice):
     ESCALATE = "escalate"
 
 
+class TaskType(Choice):
+    """The manifest's ``task.type``: what a model's outputs mean, so that they are decoded, validated, shown and
+    judged as that (:mod:`edgesdk.tasks`)."""
+
+    CLASSIFICATION = "classification"
+    DETECTION = "detection"
+    SEGMENTATION = "segmentation"
+    TEXT = "text"
+    LANDMARKS = "landmarks"
+    REGRESSION = "regression"
+    PROBABILITY = "probability"
+    EMBEDDING = "embedding"
+    RAW = "raw"
+
+
 # -- reasons --------------------------------------------------------------------------------------------------------
 
 class BackendReason(Choice):
@@ -176,4 +191,4 @@ class CacheState(Choice):
 
 
 __all__ = ["Choice", "Policy", "Performance", "SpeedCheck", "HybridMode", "CriticalMode", "BackendReason",
-           "BudgetReason", "CloudReason", "EscalationReason", "CacheState"]
+           "BudgetReason", "CloudReason", "EscalationReason", "CacheState", "TaskType"]

@@ -66,6 +66,16 @@ def _preprocess(value: Any) -> str | None:
     return None
 
 
+def _task(value: Any) -> str | None:
+    from ..tasks.spec import TaskSpec  # its own checks are the schema of this table
+
+    try:
+        TaskSpec.from_dict(value)
+    except InputError as exc:
+        return f"is not a usable task: {exc}"
+    return None
+
+
 # -- the schema ---------------------------------------------------------------------
 NAME = Str(nonempty=True, plain=True)
 THREADS = Int(1, f"an integer from 1 to {MAX_THREADS}", MAX_THREADS)
@@ -116,6 +126,7 @@ MANIFEST = Obj(
         "postprocess": Nullable(Obj(optional={"type": Str(), "softmax": Bool(),
                                               "top_k": Int(1, "a positive integer")})),
         "labels": Nullable(ListOf(Str(plain=True))),
+        "task": Nullable(Rule(_task)),  # what the outputs mean (edgesdk.tasks.spec)
         "calibration": Nullable(Obj(optional={
             "samples": Int(0, "a non-negative integer"), "fingerprint": Nullable(Str()), "source": Nullable(Str()),
             "method": Nullable(MapOf(Str())), "seed": Nullable(Int()), "stratified": Bool(),
@@ -250,7 +261,7 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
         elif first[:-4] + ".bin" not in paths:
             problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
                             f"beside {_show(first)}")
-    return problems + _state_fits(manifest) + _preprocess_fits(manifest)
+    return problems + _state_fits(manifest) + _preprocess_fits(manifest) + _task_fits(manifest)
 
 
 def _state_fits(manifest: dict[str, Any]) -> list[str]:
@@ -276,6 +287,20 @@ def _state_fits(manifest: dict[str, Any]) -> list[str]:
                             "and dtype are needed")
         fed.append(pair["input"])
     return problems
+
+
+def _task_fits(manifest: dict[str, Any]) -> list[str]:
+    """The task's output roles name outputs of the model (every required role, once resolved)."""
+    from ..tasks.spec import TaskSpec
+
+    if not manifest.get("task"):
+        return []
+    names = [o["name"] for o in manifest["outputs"]]
+    try:
+        TaskSpec.from_dict(manifest["task"]).resolved(names)
+    except InputError as exc:
+        return [f"task: {exc}"]
+    return []
 
 
 def _preprocess_fits(manifest: dict[str, Any]) -> list[str]:
