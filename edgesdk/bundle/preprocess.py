@@ -7,6 +7,13 @@ the INT8 ranges measured at quantize time are the ranges seen in production.
 ``value = (pixel * scale - mean) / std``, per channel, after resizing to ``size``
 and converting to ``color``; ``layout`` places the channel axis; a batch axis of 1
 is added in front.
+
+``resize`` says how the image reaches ``size``: ``"stretch"`` (each axis on its own,
+the aspect not kept) or ``"letterbox"`` (one scale, the largest that fits, the image
+centred and the rest filled with ``pad_value``, a pixel in the image's 0-255 scale,
+so the padding goes through the formula like any grey pixel the model was trained
+with). :meth:`Preprocess.apply` also returns the :class:`~edgesdk.tasks.geometry.Transform`
+of that resize, which maps the model's boxes, points and masks back to the image.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..tasks.geometry import Transform
 from ..tomlfile import read_toml
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 _RESAMPLE = ("bilinear", "nearest", "bicubic")
+_RESIZE = ("stretch", "letterbox")
+_PAD_DEFAULT = (114.0,)  # the grey YOLO-family detectors are trained with
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class Preprocess:
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     resample: str = "bilinear"
+    resize: str = "stretch"
+    pad_value: tuple[float, ...] = _PAD_DEFAULT
     dtype: str = "float32"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -68,6 +80,20 @@ class Preprocess:
             if key == "std" and any(v == 0 for v in values):
                 raise InputError("preprocess 'std' must not contain 0")
             object.__setattr__(self, key, values)
+        if self.resize not in _RESIZE:
+            raise InputError(f"preprocess 'resize' must be one of {', '.join(_RESIZE)}, got {self.resize!r}")
+        pad = tuple(self.pad_value) if _is_seq(self.pad_value) else (self.pad_value,)
+        if not pad or not all(_is_number(v) and 0 <= v <= 255 for v in pad):  # 0 <= nan is False
+            raise InputError(f"preprocess 'pad_value' must be a pixel value in [0, 255] or a list of them, "
+                             f"got {self.pad_value!r}")
+        if len(pad) not in (1, self.channels):
+            raise InputError(f"preprocess 'pad_value' has {len(pad)} values; color {self.color!r} has "
+                             f"{self.channels} channel(s)")
+        pad = tuple(float(v) for v in pad)
+        if self.resize == "stretch" and pad != _PAD_DEFAULT:  # a forgotten resize key would stretch silently
+            raise InputError(f"preprocess 'pad_value' {list(pad)} needs resize = \"letterbox\" (a stretch "
+                             f"resize has no padding)")
+        object.__setattr__(self, "pad_value", pad)
 
     @property
     def channels(self) -> int:
@@ -108,7 +134,8 @@ class Preprocess:
         """
         if not isinstance(data, dict):
             raise InputError(f"preprocess must be a table of keys, got {type(data).__name__}")
-        known = ("size", "color", "layout", "scale", "mean", "std", "resample", "dtype", "extra")
+        known = ("size", "color", "layout", "scale", "mean", "std", "resample", "resize", "pad_value", "dtype",
+                 "extra")
         unknown = [k for k in data if k not in known]
         if unknown:
             raise InputError(f"preprocess has unknown key(s) {', '.join(unknown)} (known: {', '.join(known)})")
@@ -129,13 +156,26 @@ class Preprocess:
         data["size"] = list(self.size)
         data["mean"] = list(self.mean)
         data["std"] = list(self.std)
+        data["pad_value"] = list(self.pad_value)
+        # Keys at their default are left out, so a manifest written before they existed reads back byte-identical.
+        if self.resize == "stretch":
+            del data["resize"]
+        if self.pad_value == _PAD_DEFAULT:
+            del data["pad_value"]
         if not data["extra"]:
             del data["extra"]
         return data
 
     # -- application --------------------------------------------------------
     def __call__(self, image: Any) -> np.ndarray:
-        """Turn a path, a PIL image or an HxW / HxWxC uint8 array into a batched float32 input."""
+        """Turn a path, a PIL image or an HxW / HxWxC uint8 array into a batched float32 input (:meth:`apply`'s
+        array, without its transform)."""
+        return self.apply(image)[0]
+
+    def apply(self, image: Any) -> tuple[np.ndarray, Transform]:
+        """The batched float32 input made from ``image`` and the :class:`Transform` from the image's pixels to the
+        input's (stretch or letterbox, per ``resize``): the image is resized to exactly the transform's ``content``
+        rectangle, so mapping a result back through it is exact."""
         pil = _to_pil(image)
         try:
             pil = pil.convert("RGB" if self.color == "rgb" else "L")
@@ -143,7 +183,10 @@ class Preprocess:
             raise InputError(f"image cannot be decoded: {exc}") from exc
         if pil.size[0] * pil.size[1] == 0:
             raise InputError(f"image is {pil.size[0]}x{pil.size[1]} pixels: empty")
-        h, w = self.size
+        original = (pil.size[1], pil.size[0])
+        fit = Transform.letterbox if self.resize == "letterbox" else Transform.stretch
+        transform = fit(original, self.size)
+        x, y, w, h = transform.content
         if pil.size != (w, h):
             from PIL import Image
 
@@ -152,12 +195,17 @@ class Preprocess:
         arr = np.asarray(pil, dtype=np.float32)
         if arr.ndim == 2:
             arr = arr[:, :, None]
+        if (w, h) != (self.size[1], self.size[0]):  # letterboxed: the pad pixels go through the formula too
+            canvas = np.empty((*self.size, self.channels), dtype=np.float32)
+            canvas[...] = np.asarray(self.pad_value, dtype=np.float32)
+            canvas[y:y + h, x:x + w] = arr
+            arr = canvas
         mean = np.asarray(self.mean, dtype=np.float32)
         std = np.asarray(self.std, dtype=np.float32)
         arr = (arr * np.float32(self.scale) - mean) / std
         if self.layout == "nchw":
             arr = arr.transpose(2, 0, 1)
-        return np.ascontiguousarray(arr[None], dtype=np.float32)
+        return np.ascontiguousarray(arr[None], dtype=np.float32), transform
 
 
 def _is_seq(value: Any) -> bool:
