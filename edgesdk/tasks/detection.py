@@ -1,0 +1,229 @@
+"""Detection decoding: a detector's raw outputs -> :class:`~edgesdk.tasks.results.Detection` boxes in the original
+image, in three formats (the task's ``format``):
+
+- ``anchors``: SSD regressors against MediaPipe anchors (BlazeFace). The anchors are MediaPipe's
+  ``SsdAnchorsCalculator`` with ``fixed_anchor_size: true`` (every anchor 1 x 1 in normalized units): consecutive
+  layers of the same stride share one grid of ``ceil(input / stride)`` cells, each layer adding ``per_layer``
+  anchors per cell, centred at ``(x + offset) / grid_width``. A row of ``boxes`` is (x_centre, y_centre, w, h, then
+  ``keypoints`` (x, y) pairs) for ``box_order`` xywh, each pair swapped for yxhw; it decodes as MediaPipe's
+  ``TensorsToDetectionsCalculator``: ``x = raw_x / box_scale[0] * anchor_w + anchor_x`` (normalized, then times the
+  input size), ``w = raw_w / box_scale[2] * anchor_w``. ``scores`` [1, N, C] are logits (``score_activation``
+  sigmoid, clipped to [-100, 100] first) with one column per class.
+- ``yolo``: ``predictions`` [1, N, 4 + obj + C] (``layout`` rows) or [1, 4 + obj + C, N] (columns, YOLOv8):
+  centre x, centre y, width, height in input pixels, then the objectness (``objectness``) and one score per
+  class; a box's score is objectness x class probability (the class probability alone without objectness).
+- ``boxes``: decoded boxes [1, N, 4] in ``box_format`` (xyxy, yxyx, or xywh = centre x, centre y, width, height),
+  in input pixels or ``normalized`` to [0, 1] of the input; ``scores`` [1, N] or [1, N, C]; ``classes`` [1, N]
+  optional (class indices; without it, the best score column's index).
+
+Each box keeps its best class (one candidate per row or anchor). Then: score >= ``score_threshold``, boxes with no
+area dropped, non-maximum suppression per class (a box overlapping a higher-scored one of its class by IoU >
+``iou_threshold`` goes), at most ``max_detections``, best first. Boxes and keypoints are mapped to the original
+image by the transform. :func:`candidates` gives every candidate before the threshold (hybrid hardness reads
+their scores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from .geometry import Transform
+from .outputs import label_of, output_name, role_output, shape_error, sigmoid
+from .results import Decoded, Detection
+from .spec import TaskSpec
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Every box a detector proposes, before the score threshold and NMS, in model-input pixels: ``boxes`` [N, 4]
+    (x1, y1, x2, y2), ``scores`` [N] (the best class's score), ``classes`` [N] (its index) and ``keypoints``
+    [N, K, 2] (x, y) or None."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    keypoints: np.ndarray | None = None
+
+
+def ssd_anchors(strides: tuple[int, ...], per_layer: int, offset: float,
+                input_size: tuple[int, int]) -> np.ndarray:
+    """MediaPipe's SSD anchor centres (fixed anchor size) for an input of ``input_size`` (height, width): [N, 2]
+    (x, y) normalized to [0, 1], in the order the model's rows follow."""
+    height, width = input_size
+    centres = []
+    layer = 0
+    while layer < len(strides):
+        same = layer
+        while same < len(strides) and strides[same] == strides[layer]:
+            same += 1
+        rows, cols = math.ceil(height / strides[layer]), math.ceil(width / strides[layer])
+        ys, xs = np.meshgrid((np.arange(rows) + offset) / rows, (np.arange(cols) + offset) / cols, indexing="ij")
+        cells = np.stack([xs.ravel(), ys.ravel()], axis=-1)
+        centres.append(np.repeat(cells, per_layer * (same - layer), axis=0))
+        layer = same
+    return np.concatenate(centres).astype(np.float64)
+
+
+def _input_size(spec: TaskSpec, transform: Transform | None, why: str) -> tuple[int, int]:
+    if transform is None:
+        raise InputError(f"task detection with {why} needs the model input's size (height, width) to decode: pass "
+                         f"transform=Transform.identity(height, width) when the input is not an image")
+    return transform.input_size
+
+
+def _best_class(spec: TaskSpec, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(score, class) of each row's best class. The arg-max is taken on the raw values and only the best one goes
+    through the activation (a sigmoid keeps the order): 25k rows x 80 classes cost one arg-max, not 2M sigmoids."""
+    if raw.ndim == 1:
+        return _activate(spec, raw), np.zeros(raw.shape[0], dtype=np.int64)
+    classes = np.argmax(raw, axis=1)
+    return _activate(spec, np.take_along_axis(raw, classes[:, None], axis=1)[:, 0]), classes
+
+
+def _activate(spec: TaskSpec, values: np.ndarray) -> np.ndarray:
+    return sigmoid(values) if spec.score_activation == "sigmoid" else values
+
+
+def candidate_scores(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str]) -> np.ndarray:
+    """The score of every candidate (its best class's), activation applied: what the hardness signal reads (it
+    needs no input size, unlike the boxes)."""
+    return _scores(spec, outputs, output_names)[0]
+
+
+def _scores(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scores [N], classes [N], the box array [N, D] of the format: regressors, predictions or boxes)."""
+    fmt = spec.format
+    if fmt == "yolo":
+        preds = role_output(spec, outputs, output_names, "predictions", (2,), "[1, N, 4 + obj + C] (layout rows) "
+                            "or [1, 4 + obj + C, N] (layout columns)")
+        if spec.layout == "columns":
+            preds = preds.T
+        extra = 1 if spec.objectness else 0
+        if preds.shape[1] < 4 + extra + (0 if extra else 1):
+            raise shape_error("predictions", output_name(spec, "predictions"), (1, *preds.shape),
+                              f"{4 + extra + (0 if extra else 1)} or more values per box (cx, cy, w, h"
+                              f"{', objectness' if extra else ''}, class scores) in layout {spec.layout}")
+        if not extra:
+            scores, classes = _best_class(spec, preds[:, 4:])
+        elif preds.shape[1] == 5:
+            scores, classes = _activate(spec, preds[:, 4]), np.zeros(preds.shape[0], dtype=np.int64)
+        else:
+            best, classes = _best_class(spec, preds[:, 5:])
+            scores = _activate(spec, preds[:, 4]) * best
+        return scores, classes, preds
+    boxes = role_output(spec, outputs, output_names, "boxes", (2,), "[1, N, 4]" if fmt == "boxes" else
+                        f"[1, N, {4 + 2 * spec.keypoints}] (box, then {spec.keypoints} keypoint pair(s))")
+    need = 4 if fmt == "boxes" else 4 + 2 * spec.keypoints
+    if boxes.shape[1] != need and not (fmt == "anchors" and boxes.shape[1] > need):
+        raise shape_error("boxes", output_name(spec, "boxes"), (1, *boxes.shape), f"[1, N, {need}]")
+    raw = role_output(spec, outputs, output_names, "scores", (1, 2), "[1, N] or [1, N, C]")
+    if raw.shape[0] != boxes.shape[0]:
+        raise shape_error("scores", output_name(spec, "scores"), (1, *raw.shape),
+                          f"one row per box: [1, {boxes.shape[0]}] or [1, {boxes.shape[0]}, C] (output "
+                          f"{output_name(spec, 'boxes')!r} has {boxes.shape[0]} boxes)")
+    scores, classes = _best_class(spec, raw)
+    given = role_output(spec, outputs, output_names, "classes", (1,), "[1, N]", optional=True)
+    if given is not None:
+        if given.shape[0] != boxes.shape[0]:
+            raise shape_error("classes", output_name(spec, "classes"), (1, *given.shape), f"[1, {boxes.shape[0]}]")
+        classes = np.rint(given).astype(np.int64)
+    return scores, classes, boxes
+
+
+def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str], *,
+               transform: Transform | None = None) -> Candidates:
+    """Every candidate box of the model's outputs, before threshold and NMS, in model-input pixels. ``transform``
+    gives the input size, which anchors and normalized boxes need (an :class:`InputError` without it)."""
+    scores, classes, values = _scores(spec, outputs, output_names)
+    keypoints = None
+    if spec.format == "anchors":
+        height, width = _input_size(spec, transform, "format 'anchors'")
+        anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
+                              (height, width))
+        if anchors.shape[0] != values.shape[0]:
+            raise InputError(f"task anchors {{strides: {list(spec.anchors['strides'])}, per_layer: "
+                             f"{spec.anchors['per_layer']}}} give {anchors.shape[0]} anchors for a {height}x{width} "
+                             f"input, but output {output_name(spec, 'boxes')!r} (role 'boxes') has "
+                             f"{values.shape[0]} rows")
+        sx, sy, sw, sh = spec.box_scale or (width, height, width, height)
+        # pairs (x, y) for xywh; (y, x) for yxhw: the same swap for the box centre, its size and the keypoints
+        pairs = values[:, :4 + 2 * spec.keypoints].reshape(values.shape[0], -1, 2)
+        if spec.box_order == "yxhw":
+            pairs = pairs[:, :, ::-1]
+        size = pairs[:, 1] / (sw, sh)
+        points = np.delete(pairs, 1, axis=1) / (sx, sy) + anchors[:, None, :]  # centre, then keypoints
+        centre = points[:, 0] * (width, height)
+        half = size * (width, height) / 2
+        boxes = np.concatenate([centre - half, centre + half], axis=1)
+        if spec.keypoints:
+            keypoints = points[:, 1:] * (width, height)
+    elif spec.format == "yolo":
+        centre, half = values[:, 0:2], values[:, 2:4] / 2
+        boxes = np.concatenate([centre - half, centre + half], axis=1)
+    else:
+        boxes = values[:, [1, 0, 3, 2]] if spec.box_format == "yxyx" else values.copy()
+        if spec.box_format == "xywh":
+            boxes = np.concatenate([boxes[:, 0:2] - boxes[:, 2:4] / 2, boxes[:, 0:2] + boxes[:, 2:4] / 2], axis=1)
+        if spec.normalized:
+            height, width = _input_size(spec, transform, "normalized boxes")
+            boxes = boxes * (width, height, width, height)
+    return Candidates(boxes, scores, classes, keypoints)
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou_threshold: float,
+        max_detections: int) -> np.ndarray:
+    """Indices of the boxes kept by greedy non-maximum suppression within each class, best score first: a box
+    whose IoU with a kept box of its class exceeds ``iou_threshold`` is dropped; at most ``max_detections``."""
+    if boxes.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    # one pass for every class: each class's boxes shifted to their own region, so boxes of two classes never meet
+    span = float(np.max(boxes) - np.min(boxes)) + 1.0
+    shifted = boxes - np.min(boxes) + classes[:, None].astype(np.float64) * span
+    x1, y1, x2, y2 = shifted.T
+    areas = (x2 - x1) * (y2 - y1)
+    order = np.argsort(-scores, kind="stable")
+    keep = []
+    while order.size and len(keep) < max_detections:
+        best, rest = order[0], order[1:]
+        keep.append(best)
+        w = np.clip(np.minimum(x2[best], x2[rest]) - np.maximum(x1[best], x1[rest]), 0.0, None)
+        h = np.clip(np.minimum(y2[best], y2[rest]) - np.maximum(y1[best], y1[rest]), 0.0, None)
+        inter = w * h
+        union = areas[best] + areas[rest] - inter
+        iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+        order = rest[iou <= iou_threshold]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def decode_detection(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str], *,
+                     labels: list[str] | None = None, transform: Transform | None = None) -> Decoded:
+    """The detections of one prediction, best first, in the original image's pixels (model-input pixels when
+    ``transform`` is None)."""
+    found = candidates(spec, outputs, output_names, transform=transform)
+    boxes = found.boxes
+    ok = (found.scores >= spec.score_threshold) & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]) \
+        & np.all(np.isfinite(boxes), axis=1)
+    index = np.flatnonzero(ok)
+    index = index[nms(boxes[index], found.scores[index], found.classes[index], spec.iou_threshold,
+                      spec.max_detections)]
+    kept = boxes[index]
+    points = found.keypoints[index] if found.keypoints is not None else None
+    if transform is not None:
+        kept = transform.boxes_to_original(kept)
+        if points is not None:
+            points = transform.points_to_original(points)
+    detections = []
+    for row, i in enumerate(index):
+        class_index = int(found.classes[i])
+        keypoints = None if points is None else tuple((float(x), float(y)) for x, y in points[row])
+        detections.append(Detection(tuple(float(v) for v in kept[row]), float(found.scores[i]), class_index,
+                                    label_of(labels, class_index), keypoints))
+    return Decoded(spec.type.value, detections=detections)
+
+
+__all__ = ["Candidates", "ssd_anchors", "candidate_scores", "candidates", "nms", "decode_detection"]
