@@ -68,7 +68,7 @@ def ssd_anchors(strides: tuple[int, ...], per_layer: int, offset: float,
     return np.concatenate(centres).astype(np.float64)
 
 
-def _input_size(spec: TaskSpec, transform: Transform | None, why: str) -> tuple[int, int]:
+def _input_size(transform: Transform | None, why: str) -> tuple[int, int]:
     if transform is None:
         raise InputError(f"task detection with {why} needs the model input's size (height, width) to decode: pass "
                          f"transform=Transform.identity(height, width) when the input is not an image")
@@ -104,10 +104,10 @@ def _scores(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str]
         if spec.layout == "columns":
             preds = preds.T
         extra = 1 if spec.objectness else 0
-        if preds.shape[1] < 4 + extra + (0 if extra else 1):
+        if preds.shape[1] < 5:  # a box and at least one score (the objectness alone, or one class)
             raise shape_error("predictions", output_name(spec, "predictions"), (1, *preds.shape),
-                              f"{4 + extra + (0 if extra else 1)} or more values per box (cx, cy, w, h"
-                              f"{', objectness' if extra else ''}, class scores) in layout {spec.layout}")
+                              f"5 or more values per box (cx, cy, w, h{', objectness' if extra else ''}, class "
+                              f"scores) in layout {spec.layout}")
         if not extra:
             scores, classes = _best_class(spec, preds[:, 4:])
         elif preds.shape[1] == 5:
@@ -142,7 +142,7 @@ def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str
     scores, classes, values = _scores(spec, outputs, output_names)
     keypoints = None
     if spec.format == "anchors":
-        height, width = _input_size(spec, transform, "format 'anchors'")
+        height, width = _input_size(transform, "format 'anchors'")
         anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
                               (height, width))
         if anchors.shape[0] != values.shape[0]:
@@ -170,7 +170,7 @@ def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str
         if spec.box_format == "xywh":
             boxes = np.concatenate([boxes[:, 0:2] - boxes[:, 2:4] / 2, boxes[:, 0:2] + boxes[:, 2:4] / 2], axis=1)
         if spec.normalized:
-            height, width = _input_size(spec, transform, "normalized boxes")
+            height, width = _input_size(transform, "normalized boxes")
             boxes = boxes * (width, height, width, height)
     return Candidates(boxes, scores, classes, keypoints)
 
