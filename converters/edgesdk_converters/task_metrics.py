@@ -1,0 +1,431 @@
+"""Per-task agreement of one artifact with its reference, on what the device shows: each accumulator takes one
+validation sample at a time (decoded by :func:`edgesdk.tasks.decode.decode`, or raw for ``raw``) and keeps running
+sums, so its memory does not grow with the validation set (a PP-OCR detector's 640x640 maps are dropped after each
+sample). The one exception is embeddings: recall@1 needs every vector, kept for the first
+:data:`MAX_RECALL_SAMPLES` samples.
+
+Each accumulator names its metric (``name``), reports it (:meth:`TaskMetric.value`) with its detail numbers
+(:meth:`TaskMetric.details`), and turns it into the gate's drop in its unit (:meth:`TaskMetric.drop`, ``unit``)
+with a default limit (:meth:`TaskMetric.default_max_drop`). :func:`metric_for` picks the accumulator of a task.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from edgesdk.tasks import Decoded, TaskSpec, TaskType
+
+MAX_RECALL_SAMPLES = 4096  # embeddings kept for recall@1 (4096 x 512 float32: 8 MiB)
+DETECTION_IOU = 0.5  # a box matches its reference at this IoU or more (and the same class)
+DECISION_AGREEMENT_MIN = 0.90  # probability: decisions at the threshold must agree on this share of values
+
+
+class TaskMetric(ABC):
+    """One artifact's running agreement with its reference on one task."""
+
+    name = ""  # the metric, as the manifest and the report name it
+    gate = ""  # the entry key holding the drop (old readers find the drop under the entry's "gate")
+    unit = "points"
+    default = 5.0
+
+    @abstractmethod
+    def add(self, own: Decoded | None, ref: Decoded | None, own_raw: list[np.ndarray],
+            ref_raw: list[np.ndarray]) -> None:
+        """One sample: this artifact's and its reference's decoded predictions and raw outputs."""
+
+    @abstractmethod
+    def value(self) -> float:
+        """The metric over the samples so far (1 = as the reference, for the shares)."""
+
+    def drop(self) -> float:
+        """What the gate compares with its limit: 100 * (1 - value) points unless the metric says otherwise."""
+        return 100.0 * (1.0 - self.value())
+
+    def default_max_drop(self) -> float:
+        return self.default
+
+    def details(self) -> dict[str, Any]:
+        return {self.name: self.value()}
+
+    def failure(self) -> str | None:
+        """A reason to fail beyond the drop (probability: decisions that disagree), or None."""
+        return None
+
+
+class DetectionAgreement(TaskMetric):
+    """Boxes matched greedily by score to the reference's (same class, IoU >= 0.5), pooled over the set: F1 of
+    the matches, the mean |score difference| and IoU of matched boxes, the mean keypoint distance when boxes have
+    keypoints."""
+
+    name, gate, default = "box_f1", "box_f1_drop_points", 10.0
+
+    def __init__(self) -> None:
+        self.matched = self.own = self.ref = 0
+        self.score_diff = self.iou_sum = self.kp_sum = 0.0
+        self.kp_n = 0
+
+    def add(self, own, ref, own_raw, ref_raw):
+        dets, refs = list(own.detections or []), list(ref.detections or [])
+        self.own, self.ref = self.own + len(dets), self.ref + len(refs)
+        free = list(range(len(refs)))
+        for d in sorted(dets, key=lambda d: -d.score):
+            best, best_iou = None, DETECTION_IOU
+            for k in free:
+                if refs[k].class_index == d.class_index:
+                    iou = box_iou(d.box, refs[k].box)
+                    if iou >= best_iou:
+                        best, best_iou = k, iou
+            if best is None:
+                continue
+            free.remove(best)
+            self.matched += 1
+            self.score_diff += abs(float(d.score) - float(refs[best].score))
+            self.iou_sum += best_iou
+            if d.keypoints and refs[best].keypoints and len(d.keypoints) == len(refs[best].keypoints):
+                gaps = np.asarray(d.keypoints, np.float64) - np.asarray(refs[best].keypoints, np.float64)
+                self.kp_sum += float(np.linalg.norm(gaps, axis=1).sum())
+                self.kp_n += len(d.keypoints)
+
+    def value(self):
+        total = self.own + self.ref
+        return 1.0 if total == 0 else 2.0 * self.matched / total
+
+    def details(self):
+        m = self.matched
+        return {"box_f1": self.value(), "precision": m / self.own if self.own else 1.0,
+                "recall": m / self.ref if self.ref else 1.0, "detections": self.own, "reference_detections": self.ref,
+                "score_error": self.score_diff / m if m else None, "box_iou": self.iou_sum / m if m else None,
+                "keypoint_error_px": self.kp_sum / self.kp_n if self.kp_n else None}
+
+
+def box_iou(a, b) -> float:
+    """IoU of two (x1, y1, x2, y2) boxes (0 when either is empty)."""
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(w, 0.0) * max(h, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+class MaskAgreement(TaskMetric):
+    """Mask IoU pooled over the set (sum of intersections / sum of unions), per class for a class map (the mean
+    over the classes either side ever marks); also the share of pixels decided alike."""
+
+    name, gate, default = "mask_iou", "mask_iou_drop_points", 10.0
+
+    def __init__(self) -> None:
+        self.inter: dict[int, int] = {}
+        self.union: dict[int, int] = {}
+        self.differ = self.pixels = 0
+
+    def add(self, own, ref, own_raw, ref_raw):
+        mine, theirs = _class_masks(own), _class_masks(ref)
+        shape = next((m.shape for m in (*mine.values(), *theirs.values())), None)
+        if shape is None:
+            return  # neither marks anything: agreed, nothing to count
+        empty = np.zeros(shape, bool)
+        for c in set(mine) | set(theirs):
+            a, b = mine.get(c, empty), theirs.get(c, empty)
+            if a.shape != b.shape:
+                raise ValueError(f"class {c} mask is {list(a.shape)} here and {list(b.shape)} in the reference")
+            self.inter[c] = self.inter.get(c, 0) + int(np.count_nonzero(a & b))
+            self.union[c] = self.union.get(c, 0) + int(np.count_nonzero(a | b))
+            self.differ += int(np.count_nonzero(a ^ b))
+        self.pixels += int(np.prod(shape))
+
+    def value(self):
+        ious = [self.inter[c] / self.union[c] for c in self.union if self.union[c] > 0]
+        return float(np.mean(ious)) if ious else 1.0
+
+    def details(self):
+        present = sorted(c for c in self.union if self.union[c] > 0)
+        out: dict[str, Any] = {"mask_iou": self.value(), "classes": len(present),
+                               "pixels_differing": self.differ / self.pixels if self.pixels else 0.0}
+        if len(present) > 1:
+            out["class_iou"] = {str(c): self.inter[c] / self.union[c] for c in present[:64]}
+        return out
+
+
+def _class_masks(decoded: Decoded) -> dict[int, np.ndarray]:
+    """{class index: bool mask} of a decoded segmentation (a class the decoder left out marks nothing)."""
+    masks: dict[int, np.ndarray] = {}
+    for m in decoded.masks or []:
+        mask = np.asarray(m.mask, bool)
+        masks[int(m.class_index)] = masks[int(m.class_index)] | mask if int(m.class_index) in masks else mask
+    return masks
+
+
+class TextAgreement(TaskMetric):
+    """Exact-string agreement with the reference's decoded text, and the mean character error rate (edit distance
+    over the reference's length)."""
+
+    name, gate, default = "exact_string_agreement", "text_agreement_drop_points", 5.0
+
+    def __init__(self) -> None:
+        self.n = self.same = 0
+        self.cer_sum = 0.0
+
+    def add(self, own, ref, own_raw, ref_raw):
+        a, b = (own.text.text if own.text else ""), (ref.text.text if ref.text else "")
+        self.n += 1
+        self.same += int(a == b)
+        self.cer_sum += edit_distance(a, b) / max(len(b), 1)
+
+    def value(self):
+        return self.same / self.n if self.n else 1.0
+
+    def details(self):
+        return {"exact_string_agreement": self.value(), "cer": self.cer_sum / self.n if self.n else 0.0}
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions of one character each)."""
+    if len(a) < len(b):
+        a, b = b, a
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+class PointAgreement(TaskMetric):
+    """Distance of each point (x, y) from the reference's, in input pixels: mean and p95 over every point of every
+    sample (p95 from a fixed histogram of 1 % wide bins: constant memory); the gate is the p95, by default at most
+    1 % of the input's diagonal (``image_size``; without one, of the reference points' extent)."""
+
+    name, gate, unit = "p95_point_error_px", "p95_point_error_px", "px"
+
+    def __init__(self, image_size: tuple[int, int] | None) -> None:
+        self.image_size = image_size
+        self.errors = Quantiles()
+        self.sum, self.n = 0.0, 0
+        self.vis_sum, self.vis_n = 0.0, 0
+        self.lo, self.hi = np.full(2, np.inf), np.full(2, -np.inf)
+
+    def add(self, own, ref, own_raw, ref_raw):
+        a, b = own.landmarks, ref.landmarks
+        pa, pb = np.asarray(a.points, np.float64), np.asarray(b.points, np.float64)
+        if pa.shape != pb.shape:
+            raise ValueError(f"points are {list(pa.shape)} here and {list(pb.shape)} in the reference")
+        err = np.linalg.norm(pa[:, :2] - pb[:, :2], axis=1)
+        self.errors.add(err)
+        self.sum, self.n = self.sum + float(err.sum()), self.n + err.size
+        if pb.size:
+            self.lo, self.hi = np.minimum(self.lo, pb[:, :2].min(0)), np.maximum(self.hi, pb[:, :2].max(0))
+        if a.visibility is not None and b.visibility is not None:
+            gap = np.abs(np.asarray(a.visibility, np.float64) - np.asarray(b.visibility, np.float64))
+            self.vis_sum, self.vis_n = self.vis_sum + float(gap.sum()), self.vis_n + gap.size
+
+    def value(self):
+        return self.errors.quantile(0.95)
+
+    def drop(self):
+        return self.value()
+
+    def default_max_drop(self):
+        if self.image_size is not None:
+            return 0.01 * math.hypot(*self.image_size)
+        extent = self.hi - self.lo
+        return 0.01 * float(math.hypot(*extent)) if np.all(np.isfinite(extent)) else 0.0
+
+    def details(self):
+        return {"p95_point_error_px": self.value(), "mean_point_error_px": self.sum / self.n if self.n else 0.0,
+                "max_point_error_px": self.errors.max, "points": self.n,
+                "visibility_error": self.vis_sum / self.vis_n if self.vis_n else None}
+
+
+class Quantiles:
+    """Quantiles of a stream of non-negative numbers from a histogram of log-spaced bins (1 % wide, from 1e-4 to
+    1e6; below is 0, above the last bin): constant memory, 1 % resolution."""
+
+    LOW, HIGH, STEP = 1e-4, 1e6, 1.01
+
+    def __init__(self) -> None:
+        self.edges = self.LOW * self.STEP ** np.arange(int(math.log(self.HIGH / self.LOW, self.STEP)) + 1)
+        self.counts = np.zeros(self.edges.size + 1, np.int64)  # [0]: below LOW; [k]: edges[k-1] .. edges[k]
+        self.max = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.asarray(values, np.float64).ravel()
+        if values.size:
+            values = np.where(np.isfinite(values), values, np.inf)
+            self.max = max(self.max, float(values.max()))
+            self.counts += np.bincount(np.searchsorted(self.edges, values), minlength=self.counts.size)[
+                :self.counts.size]
+
+    def quantile(self, q: float) -> float:
+        total = int(self.counts.sum())
+        if total == 0:
+            return 0.0
+        k = int(np.searchsorted(np.cumsum(self.counts), math.ceil(q * total)))
+        return 0.0 if k == 0 else min(float(self.edges[k - 1]) * self.STEP, self.max)
+
+
+class ValueAgreement(TaskMetric):
+    """Regression / probability values: mean |error| relative to the output's range (the task's, else the
+    reference's over the set) in percent, and the share of values on the same side of the task's threshold."""
+
+    name, gate = "relative_mae", "relative_mae_points"
+
+    def __init__(self, task: TaskSpec) -> None:
+        self.probability = task.type is TaskType.PROBABILITY
+        self.range, self.threshold = task.params.get("range"), task.params.get("threshold")
+        self.abs_sum, self.n, self.same = 0.0, 0, 0
+        self.lo, self.hi, self.peak = math.inf, -math.inf, 0.0
+
+    def add(self, own, ref, own_raw, ref_raw):
+        a, b = np.asarray(own.values, np.float64).ravel(), np.asarray(ref.values, np.float64).ravel()
+        if a.shape != b.shape:
+            raise ValueError(f"{a.size} values here and {b.size} in the reference")
+        self.abs_sum += float(np.abs(a - b).sum())
+        self.n += a.size
+        if b.size:
+            self.lo, self.hi = min(self.lo, float(b.min())), max(self.hi, float(b.max()))
+            self.peak = max(self.peak, float(np.abs(b).max()))
+        if self.threshold is not None:
+            self.same += int(np.count_nonzero((a >= self.threshold) == (b >= self.threshold)))
+
+    def span(self) -> float:
+        if self.range is not None:
+            return float(self.range[1] - self.range[0])
+        seen = self.hi - self.lo if self.n else 0.0
+        return max(seen, 1e-3 * self.peak, 1e-6)  # a constant reference: relative to its magnitude
+
+    def value(self):
+        return 100.0 * (self.abs_sum / self.n) / self.span() if self.n else 0.0
+
+    def drop(self):
+        return self.value()
+
+    def decision_agreement(self) -> float | None:
+        return self.same / self.n if self.threshold is not None and self.n else None
+
+    def details(self):
+        return {"relative_mae": self.value(), "mae": self.abs_sum / self.n if self.n else 0.0,
+                "range": self.span(), "decision_agreement": self.decision_agreement(), "threshold": self.threshold}
+
+    def failure(self):
+        agreement = self.decision_agreement()
+        if self.probability and agreement is not None and agreement < DECISION_AGREEMENT_MIN:
+            return (f"decisions at {self.threshold:g} agree on {100 * agreement:.1f}% of values "
+                    f"(< {100 * DECISION_AGREEMENT_MIN:.0f}%)")
+        return None
+
+
+class EmbeddingAgreement(TaskMetric):
+    """Mean cosine with the reference's embedding, and recall@1 agreement: the share of samples whose nearest
+    neighbour (by cosine, within the validation set) is the one the reference's embeddings pick."""
+
+    name, gate, default = "cosine", "cosine_drop_points", 2.0
+
+    def __init__(self) -> None:
+        self.cos_sum, self.n = 0.0, 0
+        self.own: list[np.ndarray] = []
+        self.ref: list[np.ndarray] = []
+
+    def add(self, own, ref, own_raw, ref_raw):
+        a, b = np.asarray(own.embedding, np.float64).ravel(), np.asarray(ref.embedding, np.float64).ravel()
+        self.cos_sum += _cosine(a, b)
+        self.n += 1
+        if len(self.own) < MAX_RECALL_SAMPLES:
+            self.own.append(a.astype(np.float32))
+            self.ref.append(b.astype(np.float32))
+
+    def value(self):
+        return self.cos_sum / self.n if self.n else 1.0
+
+    def recall_agreement(self) -> float | None:
+        if len(self.own) < 3:
+            return None  # with two samples each one's neighbour is the other: nothing to agree on
+        return float(np.mean(_nearest(self.own) == _nearest(self.ref)))
+
+    def details(self):
+        return {"cosine": self.value(), "recall_at_1_agreement": self.recall_agreement()}
+
+
+def _nearest(vectors: list[np.ndarray], rows: int = 256) -> np.ndarray:
+    """Each vector's nearest other vector by cosine (its index), a block of ``rows`` at a time: never the whole
+    similarity matrix."""
+    v = np.stack(vectors).astype(np.float64)
+    v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    picks = np.empty(len(v), np.int64)
+    for start in range(0, len(v), rows):
+        sims = v[start:start + rows] @ v.T
+        sims[np.arange(sims.shape[0]), np.arange(start, start + sims.shape[0])] = -np.inf
+        picks[start:start + rows] = sims.argmax(1)
+    return picks
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b) / denom if denom > 0 else float(np.array_equal(a, b))
+
+
+class RawAgreement(TaskMetric):
+    """Every output against the reference's: max and mean |error| relative to the reference's range over the set
+    (in percent) and the mean cosine; the gate is the worst output's relative mean error."""
+
+    name, gate = "relative_mean_error", "relative_mean_error_points"
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, float]] = []
+
+    def add(self, own, ref, own_raw, ref_raw):
+        if not self.outputs:
+            self.outputs = [{"max": 0.0, "sum": 0.0, "n": 0, "lo": math.inf, "hi": -math.inf, "peak": 0.0,
+                             "cos": 0.0, "samples": 0} for _ in own_raw]
+        for acc, a, b in zip(self.outputs, own_raw, ref_raw):
+            a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+            if not b.size:
+                continue
+            gap = np.abs(a - b)
+            acc["max"], acc["sum"], acc["n"] = max(acc["max"], float(gap.max())), acc["sum"] + float(gap.sum()), \
+                acc["n"] + gap.size
+            acc["lo"], acc["hi"] = min(acc["lo"], float(b.min())), max(acc["hi"], float(b.max()))
+            acc["peak"] = max(acc["peak"], float(np.abs(b).max()))
+            acc["cos"] += _cosine(a, b)
+            acc["samples"] += 1
+
+    def per_output(self) -> list[dict[str, float]]:
+        out = []
+        for acc in self.outputs:
+            span = max(acc["hi"] - acc["lo"], 1e-3 * acc["peak"], 1e-6) if acc["n"] else 1.0
+            out.append({"relative_max_error": 100.0 * acc["max"] / span,
+                        "relative_mean_error": 100.0 * acc["sum"] / acc["n"] / span if acc["n"] else 0.0,
+                        "cosine": acc["cos"] / acc["samples"] if acc["samples"] else 1.0})
+        return out
+
+    def value(self):
+        return max((o["relative_mean_error"] for o in self.per_output()), default=0.0)
+
+    def drop(self):
+        return self.value()
+
+    def details(self):
+        return {"relative_mean_error": self.value(), "outputs": self.per_output()}
+
+
+def metric_for(task: TaskSpec, image_size: tuple[int, int] | None = None) -> TaskMetric | None:
+    """The accumulator of ``task`` (None for classification, which validation tallies itself)."""
+    kind = task.type
+    if kind is TaskType.CLASSIFICATION:
+        return None
+    if kind is TaskType.DETECTION:
+        return DetectionAgreement()
+    if kind is TaskType.SEGMENTATION:
+        return MaskAgreement()
+    if kind is TaskType.TEXT:
+        return TextAgreement()
+    if kind is TaskType.LANDMARKS:
+        return PointAgreement(image_size)
+    if kind in (TaskType.REGRESSION, TaskType.PROBABILITY):
+        return ValueAgreement(task)
+    if kind is TaskType.EMBEDDING:
+        return EmbeddingAgreement()
+    return RawAgreement()
