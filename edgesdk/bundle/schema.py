@@ -91,6 +91,7 @@ ARTIFACT = Obj(
               "method": Nullable(Str()), "reference": Nullable(Str())},
 )
 _METRIC = Nullable(Num())
+_TEXT = Nullable(Str(plain=True))
 VALIDATION = Obj(
     optional={"passed": Bool(), "slower_than_float": Bool(), "max_abs_error_cap_exceeded": Bool(),
               "effective_precision": Nullable(Str()),
@@ -99,7 +100,18 @@ VALIDATION = Obj(
               **{k: _METRIC for k in ("accuracy", "reference_accuracy", "accuracy_drop_points", "agreement_drop_points",
                                       "golden_agreement_drop_points", "top1_agreement", "golden_agreement",
                                       "cosine_similarity", "max_abs_error", "latency_ms", "latency_ratio",
-                                      "reference_latency_ms", "max_abs_error_golden", "max_abs_error_cap")}},
+                                      "reference_latency_ms", "max_abs_error_golden", "max_abs_error_cap")},
+              # the task's own gate (quantize's validation, issue 17): its metric's name and value, the drop in its
+              # unit ("points", or "px" for landmarks) against max_drop, the task's numbers (details), a plug-in
+              # metric in the task's place (task_metric: the task's own then), a task reason to fail (task_failure:
+              # a probability's decisions), an INT8 error over its cap that the task's metric judges instead
+              # (max_abs_error_over_cap), and the dead-output check (each output's std and its reference's)
+              "task": _TEXT, "metric": _TEXT, "task_metric": _TEXT, "drop_unit": _TEXT, "task_failure": Nullable(Str()),
+              **{k: _METRIC for k in ("metric_value", "reference_metric_value", "task_metric_value", "drop",
+                                      "max_drop")},
+              "details": Nullable(MapOf(Spec())), "max_abs_error_over_cap": Bool(),
+              "dead_output": ListOf(Str(plain=True)),
+              "output_std": ListOf(_METRIC), "reference_output_std": ListOf(_METRIC)},
 )
 # Where the validation numbers were measured (edgesdk.cpu.cpu_class): INT8 results depend on the CPU class.
 VALIDATION_MACHINE = Obj(optional={
@@ -147,6 +159,9 @@ MANIFEST = Obj(
             "layout": OneOf(*GOLDEN_LAYOUTS),
             "count": Int(0, "a non-negative integer"), "reference": Nullable(Str()), "metric": Str(),
             "tolerance": MapOf(Num(0.0, expected="a non-negative number")),
+            # one tolerance per output (in the manifest's output order), each from that output's own range; a
+            # device checks each output against its own when the artifact has them, else the pooled tolerance
+            "tolerance_per_output": MapOf(ListOf(Num(0.0, expected="a non-negative number"))),
         })),
         "hybrid": Nullable(Obj(optional={
             "signal": Str(nonempty=True), "threshold": Nullable(_SHARE), "max_clipped": Nullable(_SHARE),
@@ -261,7 +276,15 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
         elif first[:-4] + ".bin" not in paths:
             problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
                             f"beside {_show(first)}")
-    return problems + _state_fits(manifest) + _preprocess_fits(manifest) + _task_fits(manifest)
+    return problems + _state_fits(manifest) + _preprocess_fits(manifest) + _task_fits(manifest) + _golden_fits(manifest)
+
+
+def _golden_fits(manifest: dict[str, Any]) -> list[str]:
+    """Each artifact's per-output golden tolerances hold one value per output."""
+    each = (manifest.get("golden") or {}).get("tolerance_per_output") or {}
+    n_out = len(manifest["outputs"])
+    return [f"golden.tolerance_per_output[{_show(aid)}] has {len(values)} value(s); the model has {n_out} output(s)"
+            for aid, values in each.items() if len(values) != n_out]
 
 
 def _state_fits(manifest: dict[str, Any]) -> list[str]:

@@ -46,21 +46,32 @@ def run_as_given(engine: Engine, feeds: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
-    """Run every golden input; raise ``numerics_mismatch`` when an output is off by more than the tolerance.
+    """Run every golden input; raise ``numerics_mismatch`` when an output is off by more than its tolerance.
 
-    Catches a broken delegate or kernel, and an artifact damaged in a way its checksum does not show. Golden data
-    that does not fit the manifest, or holds no sample, is a :class:`BundleError` (never "checked" on nothing).
+    Each output has its own tolerance when the bundle records them (``golden.tolerance_per_output``: set from that
+    output's own range at quantize time, so a [0, 1] probability is not checked against the scale of a wide state
+    or logits beside it); a bundle from before them has one ``tolerance`` for every output. Catches a broken
+    delegate or kernel, an output flattened or saturated on this CPU, and an artifact damaged in a way its checksum
+    does not show. Golden data that does not fit the manifest, or holds no sample, is a :class:`BundleError`
+    (never "checked" on nothing).
     """
-    golden = bundle.golden()
-    tolerance = (bundle.manifest.get("golden") or {}).get("tolerance", {}).get(artifact_id)
-    if tolerance is None:
+    golden_meta = bundle.manifest.get("golden") or {}
+    pooled = (golden_meta.get("tolerance") or {}).get(artifact_id)
+    each = (golden_meta.get("tolerance_per_output") or {}).get(artifact_id)
+    n_out = len(bundle.manifest["outputs"])
+    if each is not None and len(each) != n_out:
+        raise BundleError(f"bundle {bundle.name!r}: golden.tolerance_per_output.{artifact_id} has {len(each)} "
+                          f"value(s); the model has {n_out} output(s)")
+    if pooled is None and each is None:
         return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
+    tolerances = [float(t) for t in each] if each is not None else [float(pooled)] * n_out
+    golden = bundle.golden()
     runs = golden_feeds(golden, len(bundle.manifest["inputs"]))
-    refs = golden_outputs(golden, len(bundle.manifest["outputs"]))
+    refs = golden_outputs(golden, n_out)
     if not runs:  # Bundle.golden refuses this already; a check on zero samples must never read as passed
         raise BundleError(f"bundle {bundle.name!r}: the golden data holds no sample to check {artifact_id} on")
-    n_out = len(bundle.manifest["outputs"])
-    worst = 0.0
+    names = [o.get("name") or f"output {j}" for j, o in enumerate(bundle.manifest["outputs"])]
+    worst = [0.0] * n_out
     where = f"{artifact_id} on {engine.name}:{engine.device}"
     for i, feeds in enumerate(runs):
         try:
@@ -82,10 +93,16 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
                                                               f"the golden output has {list(ref.shape)}")
             got = got.reshape(ref.shape)
             err = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
-            worst = max(worst, err)
-            if not err <= tolerance:
+            worst[j] = max(worst[j], err)
+            if not err <= tolerances[j]:
+                whose = "that output's own" if each is not None else "one for every output"
                 raise BackendUnavailable(
                     "numerics_mismatch",
-                    f"{artifact_id} on {engine.name}:{engine.device} is off by {err:.4g} on golden input {i} "
-                    f"output {j} (tolerance {tolerance:.4g})")
-    return {"checked": True, "max_abs_error": worst, "tolerance": float(tolerance), "inputs": len(runs)}
+                    f"{where} is off by {err:.4g} on golden input {i} output {j} ({names[j]!r}; tolerance "
+                    f"{tolerances[j]:.4g}, {whose})")
+    result = {"checked": True, "max_abs_error": max(worst, default=0.0),
+              "tolerance": float(pooled) if pooled is not None else max(tolerances, default=0.0),
+              "inputs": len(runs)}
+    if each is not None:
+        result.update(max_abs_error_per_output=worst, tolerance_per_output=tolerances)
+    return result
