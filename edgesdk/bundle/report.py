@@ -52,9 +52,112 @@ def _num(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+# metrics that are shares in [0, 1] (shown as percentages); the others say their unit in the name
+_SHARES = ("accuracy", "top1_agreement", "golden_agreement", "box_f1", "mask_iou", "exact_string_agreement")
+
+
+def _metric(m: dict[str, Any]) -> tuple[str, Any, Any]:
+    """(metric name, its value, the reference's value) of a validation entry; an entry written before tasks is a
+    classifier's."""
+    if isinstance(m.get("metric"), str):
+        return m["metric"], m.get("metric_value"), m.get("reference_metric_value")
+    if m.get("accuracy") is not None and m.get("golden_agreement") is None:
+        return "accuracy", m.get("accuracy"), m.get("reference_accuracy")
+    name = "golden_agreement" if m.get("golden_agreement") is not None else "top1_agreement"
+    return name, m.get(name), None
+
+
+def _shown(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if name in _SHARES or ":" in name:  # a plug-in's score is a share too
+        return _pct(value)
+    if name.endswith("_px"):
+        return f"{value:.3g}px"
+    if name.startswith("relative_"):
+        return f"{value:.2f}%"
+    return f"{value:.5f}" if name == "cosine" else f"{value:.4g}"
+
+
+def _drop(m: dict[str, Any]) -> tuple[Any, Any, str]:
+    """(the gate's drop, its limit, its unit) of an entry: the value under its ``gate`` key first (what older
+    readers and hand edits see), then ``drop``."""
+    gate = m.get("gate")
+    drop = m.get(gate) if isinstance(gate, str) and isinstance(m.get(gate), (int, float)) else m.get("drop")
+    if drop is None:
+        drop = m.get("accuracy_drop_points", m.get("agreement_drop_points", m.get("golden_agreement_drop_points")))
+    unit = m.get("drop_unit") if isinstance(m.get("drop_unit"), str) else "points"
+    limit = m.get("max_drop_points") if unit == "points" and m.get("max_drop_points") is not None else m.get("max_drop")
+    return drop, limit, unit
+
+
+def _drop_cell(drop: Any, unit: str) -> str:
+    if drop is None:
+        return "-"
+    return f"{drop:+.2f}" if unit == "points" else f"{drop:.3g}{unit}"
+
+
+def _notes(manifest: dict[str, Any], art: dict[str, Any], m: dict[str, Any]) -> list[str]:
+    """Why an artifact failed (each reason), and what it should be known for (slower than float, off by more than
+    the INT8 cap where its task's metric judges instead)."""
+    aid, notes = art["id"], []
+    if m.get("slower_than_float"):
+        notes.append(f"warning: {aid} is slower than its float reference "
+                     f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
+    over = outputs_over_cap(manifest, m)
+    if m.get("max_abs_error_cap_exceeded") and over:
+        notes.append(f"FAILED: {aid} is off the float output(s) " + ", ".join(
+            f"{name} by {_num(error, '.4g')} (cap {_num(cap, '.4g')}, a share of that output's range)"
+            for name, error, cap in over) + ": an output INT8 flattens or breaks")
+    elif m.get("max_abs_error_cap_exceeded"):
+        notes.append(f"FAILED: {aid} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}"
+                     f", more than INT8 may be (cap {_num(m.get('max_abs_error_cap'), '.4g')}, a share of the "
+                     f"outputs' range): saturating integer kernels on this CPU, or a broken conversion")
+    elif m.get("max_abs_error_over_cap"):
+        notes.append(f"note: {aid} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}, over the "
+                     f"INT8 cap (reported: its gate is {m.get('metric') or 'its task metric'}, on decoded outputs)")
+    notes += _dead_notes(manifest, aid, m)
+    if isinstance(m.get("task_failure"), str):
+        notes.append(f"FAILED: {aid}: {m['task_failure']}")
+    drop, limit, unit = _drop(m)
+    name, value, ref_value = _metric(m)
+    if m.get("passed") is not True and drop is not None and (limit is None or drop > limit + 1e-9):
+        if unit == "points":
+            said = f"{name} {_shown(name, value)}" + (f", reference {_shown(name, ref_value)}" if ref_value is not None
+                                                      else "")
+            notes.append(f"FAILED: {aid} dropped {_num(drop, '.2f')} points ({m.get('gate')}); allowed {limit}"
+                         + (f" ({said})" if isinstance(m.get("metric"), str) else ""))
+        else:
+            notes.append(f"FAILED: {aid} {name} {_drop_cell(drop, unit)}, over the {_drop_cell(limit, unit)} allowed")
+    if m.get("passed") is not True and not any(n.startswith(f"FAILED: {aid}") for n in notes):
+        notes.append(f"FAILED: {aid} did not pass its gate ({m.get('gate') or 'not recorded'})")
+    return notes
+
+
+def _dead_notes(manifest: dict[str, Any], aid: str, m: dict[str, Any]) -> list[str]:
+    """One line per output the dead-output check found flattened, with the two standard deviations."""
+    dead = m.get("dead_output")
+    if not isinstance(dead, list) or not dead:
+        return []
+    names = [o.get("name") if isinstance(o, dict) else None for o in manifest.get("outputs") or []]
+    stds, ref_stds = m.get("output_std") or [], m.get("reference_output_std") or []
+    int8 = m.get("reference") is not None
+    whose, how = ("float's", "INT8 flattened it") if int8 else ("the golden float's", "the conversion flattened it")
+    notes = []
+    for name in dead:
+        j = names.index(name) if name in names else None
+        own = stds[j] if j is not None and j < len(stds) else None
+        ref = ref_stds[j] if j is not None and j < len(ref_stds) else None
+        notes.append(f"FAILED: {aid} output {name!r} barely varies (std {_num(own, '.2g')} vs {whose} "
+                     f"{_num(ref, '.2g')}): {how}")
+    return notes
+
+
 def validation_table(manifest: dict[str, Any]) -> str:
+    """The validation entries as a table, one row per artifact (its task's metric and value, the reference's, the
+    gate's drop in its unit), then a line for each failure and warning."""
     validation = manifest.get("validation") or {}
-    head = ("artifact", "prec", "eff.prec", "acc", "ref acc", "drop pts", "agree", "cosine", "max|err|",
+    head = ("artifact", "prec", "eff.prec", "metric", "value", "ref", "drop", "agree", "cosine", "max|err|",
             "ms", "int8/fp32", "passed")
     rows = [head]
     notes = []
@@ -62,29 +165,16 @@ def validation_table(manifest: dict[str, Any]) -> str:
         m = validation.get(art["id"])
         if not isinstance(m, dict):
             continue
-        drop = m.get("accuracy_drop_points", m.get("agreement_drop_points", m.get("golden_agreement_drop_points")))
+        name, value, ref_value = _metric(m)
+        drop, _, unit = _drop(m)
         rows.append(tuple(printable(cell) for cell in (
-            art["id"], art["precision"], str(m.get("effective_precision") or "-"),
-            _pct(m.get("accuracy")), _pct(m.get("reference_accuracy")), _num(drop, "+.2f"),
+            art["id"], art["precision"], str(m.get("effective_precision") or "-"), name or "-",
+            _shown(name, value), _shown(name, ref_value), _drop_cell(drop, unit),
             _pct(m.get("top1_agreement", m.get("golden_agreement"))), _num(m.get("cosine_similarity"), ".5f"),
             _num(m.get("max_abs_error"), ".4g"), _num(m.get("latency_ms"), ".3f"),
             _num(m.get("latency_ratio"), ".2f"), "yes" if m.get("passed") else "NO",
         )))
-        if m.get("slower_than_float"):
-            notes.append(f"warning: {art['id']} is slower than its float reference "
-                         f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
-        over = outputs_over_cap(manifest, m)
-        if m.get("max_abs_error_cap_exceeded") and over:
-            notes.append(f"FAILED: {art['id']} is off the float output(s) " + ", ".join(
-                f"{name} by {_num(error, '.4g')} (cap {_num(cap, '.4g')}, a share of that output's range)"
-                for name, error, cap in over) + ": an output INT8 flattens or breaks")
-        elif m.get("max_abs_error_cap_exceeded"):
-            notes.append(f"FAILED: {art['id']} is off the float outputs by {_num(m.get('max_abs_error_golden'), '.4g')}"
-                         f", more than INT8 may be (cap {_num(m.get('max_abs_error_cap'), '.4g')}, a share of the "
-                         f"outputs' range): saturating integer kernels on this CPU, or a broken conversion")
-        elif not m.get("passed"):
-            notes.append(f"FAILED: {art['id']} dropped {_num(drop, '.2f')} points ({m.get('gate')}); "
-                         f"allowed {m.get('max_drop_points')}")
+        notes += _notes(manifest, art, m)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -92,8 +182,8 @@ def validation_table(manifest: dict[str, Any]) -> str:
     machine = validation.get("machine")
     where = f"measured on {describe(machine)}" if isinstance(machine, dict) else None
     if data:
-        lines.insert(0, f"validation on {data}{', ' + where if where else ''}; drop = reference minus INT8, in points; "
-                        f"ms = p50 at batch 1")
+        lines.insert(0, f"validation on {data}{', ' + where if where else ''}; drop = what each artifact loses "
+                        f"against its reference in its gate metric (points; px for points' error); ms = p50 at batch 1")
     elif where:
         lines.insert(0, where)
     return "\n".join(printable(line) for line in lines + notes)
