@@ -15,6 +15,9 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import BudgetExceeded, InputError
+from ..tasks.geometry import Transform
+from ..tasks.results import Decoded
+from ..tasks.spec import task_of
 
 # Limits read at each call, so an app raises them by setting these module values (as with Pillow's own).
 MAX_IMAGE_PIXELS = 50_000_000  # a larger "image" is refused before decoding (decompression bombs)
@@ -55,6 +58,10 @@ class BundleIO:
         self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
         self.labels = bundle.labels
         self._labels = self.labels
+        self.task = task_of(bundle.manifest)
+        self.output_names = self._output_names = [t["name"] for t in bundle.manifest["outputs"]]
+        # (height, width) of an image model's input: arrays fed to it are in its pixels (the identity transform)
+        self._image_size = self._pre.size if self._pre is not None else _image_size(self._shapes[0])
 
     @property
     def classification(self) -> bool:
@@ -78,15 +85,24 @@ class BundleIO:
         integer or bool input must get values that dtype holds exactly) and shape (the batch axis may be left out;
         a scalar input, shape ``[]``, takes a number or a 0-d array). An input the model was specialized for at
         quantize time (manifest ``fixed``) may be left out of a dict, and refuses any other value."""
-        feeds = self._feeds(x)
+        return self.prepare(x)[0]
+
+    def prepare(self, x: Any) -> tuple[list[np.ndarray], Transform | None]:
+        """:meth:`feeds` and where the model input's pixels lie in the original image (a
+        :class:`~edgesdk.tasks.geometry.Transform`: an image through the preprocess gets its resize, an array for an
+        image model the identity, a model that takes no image None), which decoding maps boxes, points and masks
+        back with."""
+        feeds, transform = self._prepared(x)
         for spec, feed in zip(self._inputs, feeds):
             if "fixed" in spec and not np.all(feed == spec["fixed"]):
                 raise InputError(f"model {self.name!r} was specialized for {spec['name']} = {spec['fixed']!r} when "
                                  f"it was quantized; it cannot take another value (leave {spec['name']!r} out and "
                                  "it is filled in)")
-        return feeds
+        if transform is None and self._image_size is not None:
+            transform = Transform.identity(*self._image_size)
+        return feeds, transform
 
-    def _feeds(self, x: Any) -> list[np.ndarray]:
+    def _prepared(self, x: Any) -> tuple[list[np.ndarray], Transform | None]:
         if isinstance(x, dict):
             names = [t["name"] for t in self._inputs]
             x = {**{t["name"]: np.full(t["shape"], t["fixed"], dtype=t["dtype"]) for t in self._inputs
@@ -99,26 +115,28 @@ class BundleIO:
                                              + ([f"it has no input {', '.join(map(repr, unknown))}"] if unknown
                                                 else [])))
             if len(self._inputs) == 1:
-                return [self._one(x[names[0]])]
+                arr, transform = self._one(x[names[0]])
+                return [arr], transform
             x = [x[n] for n in names]
         if len(self._inputs) > 1:
             if not isinstance(x, (list, tuple)) or len(x) != len(self._inputs):
                 raise InputError(f"model {self.name!r} takes {len(self._inputs)} inputs "
                                  f"({', '.join(t['name'] for t in self._inputs)}): pass a list or a dict")
-            return [self._array(v, i) for i, v in enumerate(x)]
-        return [self._one(x)]
+            return [self._array(v, i) for i, v in enumerate(x)], None
+        arr, transform = self._one(x)
+        return [arr], transform
 
-    def _one(self, x: Any) -> np.ndarray:
+    def _one(self, x: Any) -> tuple[np.ndarray, Transform | None]:
         # A uint8 array is an image whenever the bundle says how to preprocess images; other numeric
         # arrays are model inputs already.
         if isinstance(x, np.ndarray) and not (x.dtype == np.uint8 and self._pre is not None):
-            return self._array(x, 0)
+            return self._array(x, 0), None
         if isinstance(x, (str, Path, np.ndarray)) or type(x).__module__.startswith("PIL"):
             if self._pre is None:
                 raise InputError(f"bundle {self.name!r} has no preprocess spec: pass a float array of "
                                  f"shape {list(self._shapes[0])}")
-            return self._pre(self._image(x))
-        return self._array(x, 0)
+            return self._pre.apply(self._image(x))
+        return self._array(x, 0), None
 
     def _array(self, x: Any, i: int) -> np.ndarray:
         spec = self._inputs[i]
@@ -151,6 +169,15 @@ class BundleIO:
         if dtype.kind == "f" and not math.isfinite(float(np.vdot(arr, arr))) and not np.isfinite(arr).all():
             raise InputError(f"input {spec['name']!r} holds NaN or Inf values")
         return arr
+
+    def decode(self, outputs: list[np.ndarray], transform: Transform | None = None) -> Decoded:
+        """``outputs`` decoded by the bundle's task (detections, masks, text, points, values...), coordinates in the
+        original image's pixels when ``transform`` says where they came from (:meth:`prepare`)."""
+        from ..tasks.decode import decode
+
+        if transform is None and self._image_size is not None:
+            transform = Transform.identity(*self._image_size)
+        return decode(self.task, outputs, self._output_names, labels=self._labels, transform=transform)
 
     def top(self, outputs: list[np.ndarray]) -> list[Top]:
         """The top-k classes of a classification output; empty for outputs that are not class scores (no output,
@@ -214,6 +241,17 @@ class BundleIO:
                 raise BudgetExceeded("memory", f"{where}decoding a {w}x{h} image needs ~{needed:.1f} MB; the memory "
                                                f"budget leaves {max(room, 0.0):.1f} MB",
                                      needed=round(needed, 2), available=round(max(room, 0.0), 2))
+
+
+def _image_size(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(height, width) of an image-shaped input ([1, 1|3, H, W] or [1, H, W, 1|3]), None for any other input."""
+    if len(shape) != 4 or min(shape) < 1:
+        return None
+    if shape[1] in (1, 3) and shape[3] not in (1, 3):
+        return (shape[2], shape[3])
+    if shape[3] in (1, 3):
+        return (shape[1], shape[2])
+    return None
 
 
 def _numpy_dtype(name: Any) -> np.dtype:

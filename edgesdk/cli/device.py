@@ -252,14 +252,20 @@ def run(
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding the cloud's "
                                             "bearer token."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    draw: Optional[Path] = typer.Option(None, "--draw", help="Write each image input with its answer drawn on it "
+                                        "(boxes, masks, points, text) as a PNG: this file for one input, else a "
+                                        "directory of <input>.drawn.png."),
 ) -> None:
     """Load a bundle on the best backend here and predict each input; shows where it really ran and the budget state.
+    A bundle with a task (detection, segmentation, text, ...) prints its decoded answer: boxes in the original
+    image's pixels, masks, text, points, values; ``--json`` carries them in full.
 
     With --mode other than device-only and --cloud URL, hard inputs (or all, per the mode) go to the cloud; each
     result says its source, why it escalated and whether it is degraded (the cloud failed, the device answered).
     Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
     from ..runtime.loading import load
     from .inputs import describe_output, predictions, read_input
+    from .show import describe
 
     items = [(str(p), read_input(p)) for p in inputs]  # before the (slow) load: a typo fails fast
     unreadable = [v for _, v in items if isinstance(v, InputError)]
@@ -285,6 +291,7 @@ def run(
                 results.append(exc)
     if all(isinstance(r, InputError) for r in results):
         raise results[0]  # nothing usable: an error, as for one bad input
+    drawn = _draw_all(draw, items, results) if draw is not None else {}
     refused = any(isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)) for r in results)
     bad_input = any(isinstance(r, InputError) for r in results)
     device_model = getattr(model, "device", model)  # a HybridModel's device side (None: no device backend)
@@ -300,6 +307,8 @@ def run(
                 row = {"input": str(p), **r.to_dict()}
                 if r.source == "cloud":
                     row["backend"] = cloud
+                if p in drawn:
+                    row["drawn"] = drawn[p]
                 rows.append(row)
         memory_state = device_model.budget.get("memory") if device_model is not None else None
         state = {"memory": memory_state, "thermal": governor.state() if governor else None}
@@ -352,10 +361,15 @@ def run(
         if isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)):
             say(f"{p}: refused ({r.reason}): {r.detail}")
             continue
-        if r.top:
+        task_line = describe(r.decoded)
+        if task_line is not None:
+            answer = task_line
+        elif r.top:
             answer = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
         else:  # not a classifier: say what came out (--json gives the values)
             answer = "; ".join(describe_output(name, o) for name, o in zip(output_names, r.outputs))
+        if p in drawn:
+            answer += f"  (drawn: {drawn[p]})"
         action = r.budget.get("action")
         notes = [f"{r.timings_ms.get('inference', r.timings_ms.get('cloud', 0.0)):.3f} ms"]
         if action:
@@ -368,6 +382,22 @@ def run(
             notes.append(f"degraded: cloud {r.cloud_error}")
         say(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
     _exit(refused, bad_input)
+
+
+def _draw_all(out: Path, items: list, results: list) -> dict[str, str]:
+    """``--draw``: each answered image input drawn (input label -> the PNG written); an input that is not an image
+    is said on stderr, not drawn."""
+    from .show import draw, drawn_path
+
+    answered = [(label, value, r) for (label, value), r in zip(items, results) if not isinstance(r, Exception)]
+    several = len(items) > 1
+    drawn = {}
+    for label, value, r in answered:
+        try:
+            drawn[label] = str(draw(r.decoded, value, drawn_path(out, label, several)))
+        except InputError as exc:
+            print(f"{label}: not drawn: {exc}", file=sys.stderr)
+    return drawn
 
 
 def _exit(refused: bool, bad_input: bool) -> None:

@@ -37,15 +37,25 @@ from ..choices import BackendReason, CloudReason, EscalationReason, HybridMode
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError, CloudError, CloudTimeout, InputError
 from ..lifecycle import Closeable
 from ..runtime.result import Result
+from ..tasks.hardness import SIGNALS as TASK_SIGNALS, signals as task_signals
 from .v2_codec import expected_outputs
 
 log = logging.getLogger("edgesdk.hybrid.model")
 
 MODES = tuple(HybridMode)
 RECHECK_S = 30.0  # a failed model check (other than an outage) is asked again after this long
-SIGNALS = ("max_prob", "margin", "entropy")
+CLASSIFICATION_SIGNALS = ("max_prob", "margin", "entropy")
+# Every signal a policy may escalate on: the classifier's, then each task's (edgesdk.tasks.hardness).
+SIGNALS = CLASSIFICATION_SIGNALS + tuple(s for s in TASK_SIGNALS if s not in CLASSIFICATION_SIGNALS)
 # Used when neither the policy nor the bundle's calibration (edgesdk calibrate-escalation) sets a threshold.
-DEFAULT_THRESHOLDS = {"max_prob": 0.6, "margin": 0.2, "entropy": 0.5}
+DEFAULT_THRESHOLDS = {"max_prob": 0.6, "margin": 0.2, "entropy": 0.5,
+                      **{name: entry[2] for name, entry in TASK_SIGNALS.items()}}
+# A signal whose high values mean a hard input (the others: low values)
+HIGH_IS_HARD = {"entropy", *(name for name, entry in TASK_SIGNALS.items() if entry[1] == "high")}
+# The signal a policy uses when it names none, per task type
+DEFAULT_SIGNAL = {"classification": "max_prob", "detection": "uncertain_share", "segmentation": "uncertain_pixel_share",
+                  "text": "min_char_confidence", "regression": "threshold_distance",
+                  "probability": "threshold_distance"}
 
 
 def signals(probabilities: np.ndarray | None, feeds: Sequence[np.ndarray] | None = None,
@@ -75,19 +85,23 @@ def signals(probabilities: np.ndarray | None, feeds: Sequence[np.ndarray] | None
 class EscalationPolicy:
     """When the device's answer is too unsure to keep.
 
-    ``signal`` (``max_prob``, ``margin`` or ``entropy``) against ``threshold``: escalate when the top-1
-    probability or the margin is below it, or the entropy above it (reason ``low_confidence``). ``threshold``
+    ``signal`` against ``threshold``: for a classifier ``max_prob``, ``margin`` or ``entropy`` (escalate when the
+    top-1 probability or the margin is below it, or the entropy above it); for other tasks their own
+    (:mod:`edgesdk.tasks.hardness`: a detector's ``uncertain_share`` of boxes or ``min_kept_score``, a segmenter's
+    ``uncertain_pixel_share``, a text model's ``min_char_confidence`` or ``mean_margin``, a regression's or
+    probability's ``threshold_distance``). Reason ``low_confidence``. ``signal`` None: the task's usual one
+    (max_prob, uncertain_share, uncertain_pixel_share, min_char_confidence, threshold_distance). ``threshold``
     None takes the bundle's calibrated one (``manifest["hybrid"]``, written by ``edgesdk calibrate-escalation``)
     and else :data:`DEFAULT_THRESHOLDS`. ``max_clipped``: escalate when more than this share of the input lies
     outside the calibration range (reason ``out_of_range``; None: never).
     """
 
-    signal: str = "max_prob"
+    signal: str | None = None
     threshold: float | None = None
     max_clipped: float | None = 0.05
 
     def __post_init__(self):
-        if self.signal not in SIGNALS:
+        if self.signal is not None and self.signal not in SIGNALS:
             raise InputError(f"escalation signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
         for name in ("threshold", "max_clipped"):
             value = getattr(self, name)
@@ -96,7 +110,19 @@ class EscalationPolicy:
                 raise InputError(f"escalation {name} must be a number in [0, 1] or None, got {value!r}")
 
     def resolved(self, manifest: dict) -> "EscalationPolicy":
-        """This policy with its threshold filled in from the bundle's calibration, else the default."""
+        """This policy with its signal (the task's usual one) and threshold filled in from the bundle's
+        calibration, else the default. A signal the bundle's task does not give is an :class:`InputError`."""
+        kind = str((manifest.get("task") or {}).get("type") or (
+            "classification" if (manifest.get("postprocess") or {}).get("type") == "classification" else "raw"))
+        if self.signal is None:
+            calibrated = (manifest.get("hybrid") or {}).get("signal")
+            return replace(self, signal=calibrated if calibrated in SIGNALS else DEFAULT_SIGNAL.get(kind, "max_prob")
+                           ).resolved(manifest)
+        given_by = ("classification",) if self.signal in CLASSIFICATION_SIGNALS else \
+            tuple(str(t) for t in TASK_SIGNALS[self.signal][0])
+        if kind != "raw" and kind not in given_by:
+            raise InputError(f"escalation signal {self.signal!r} is a {'/'.join(given_by)} signal; this bundle's task "
+                             f"is {kind} (its signal: {DEFAULT_SIGNAL.get(kind, 'none')})")
         if self.threshold is not None:
             return self
         calibrated = manifest.get("hybrid") or {}
@@ -108,7 +134,7 @@ class EscalationPolicy:
         """Why this prediction should escalate (``low_confidence``, ``out_of_range``), or None."""
         value = sig.get(self.signal)
         if value is not None and self.threshold is not None:
-            if (value > self.threshold) if self.signal == "entropy" else (value < self.threshold):
+            if (value > self.threshold) if self.signal in HIGH_IS_HARD else (value < self.threshold):
                 return EscalationReason.LOW_CONFIDENCE
         clipped = sig.get("clipped_share")
         if self.max_clipped is not None and clipped is not None and clipped > self.max_clipped:
@@ -182,49 +208,56 @@ class HybridModel(Closeable):
         """Predict one input (as :meth:`edgesdk.Model.predict` takes it) in this model's mode, or ``mode``."""
         mode = self.mode if mode is None else HybridMode.parse(mode, "hybrid mode", InputError)
         t0 = time.perf_counter()
-        feeds = self._io.feeds(x)
+        feeds, where = self._io.prepare(x)
         if mode == HybridMode.DEVICE_ONLY:
-            return self._device(feeds, t0)
+            return self._device(feeds, t0, where)
         if mode == HybridMode.CLOUD_ONLY:
-            return self._cloud(feeds, t0, None)
+            return self._cloud(feeds, t0, None, where)
         if mode == HybridMode.PREFER_CLOUD:
             try:
-                return self._cloud(feeds, t0, None)
+                return self._cloud(feeds, t0, None, where)
             except Exception as exc:  # the client raises CloudError; anything else must not lose the answer either
                 try:
-                    result = self._device(feeds, t0)
+                    result = self._device(feeds, t0, where)
                 except Exception as device_exc:
                     raise device_exc from exc
                 return replace(result, degraded=True, cloud_error=_reason(exc))
         # prefer-device
         if self.device is None:
-            return self._escalate(feeds, t0, _device_reason(self.device_error), None, self.device_error)
+            return self._escalate(feeds, t0, _device_reason(self.device_error), None, self.device_error, where)
         try:
-            result = self._device(feeds, t0)
+            result = self._device(feeds, t0, where)
         except BudgetExceeded as exc:  # a thermal refusal (or escalation) at this moment
-            return self._escalate(feeds, t0, EscalationReason.coerce(exc.reason), None, exc)
+            return self._escalate(feeds, t0, EscalationReason.coerce(exc.reason), None, exc, where)
         except BackendUnavailable as exc:  # the backend failed on this input (run_failed): the cloud takes it
-            return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc)
-        probabilities = self._io.probabilities(result.outputs)
-        sig = signals(probabilities, feeds, self._ranges)
+            return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc, where)
+        sig = self.signals(result, feeds)
         result.signals = sig
         reason = self.policy.reason(sig)
         if reason is None:
             return result
-        return self._escalate(feeds, t0, reason, result, None)
+        return self._escalate(feeds, t0, reason, result, None, where)
+
+    def signals(self, result: Result, feeds: Sequence[np.ndarray] | None = None) -> dict[str, float | None]:
+        """The hardness signals of a device ``result``: a classifier's (top-1 probability, margin, entropy) or the
+        bundle's task's (:mod:`edgesdk.tasks.hardness`), and the clipped share of ``feeds``."""
+        sig = signals(self._io.probabilities(result.outputs), feeds, self._ranges)
+        if self._io.task.type not in ("classification", "raw"):
+            sig.update(task_signals(self._io.task, result.decoded, result.outputs, self._io.output_names))
+        return sig
 
     def predict_batch(self, xs: Sequence[Any], mode: str | None = None) -> list[Any]:
         return [self.predict(x, mode) for x in xs]
 
     # -- the two sources -------------------------------------------------------------------------------------
-    def _device(self, feeds: list[np.ndarray], t0: float) -> Any:
+    def _device(self, feeds: list[np.ndarray], t0: float, where: Any = None) -> Any:
         if self.device is None:
             if self.device_error is not None:
                 raise _copy(self.device_error) from self.device_error  # a fresh one per call: no shared traceback
             raise BackendUnavailable(BackendReason.NO_BACKEND, f"no device backend serves {self.bundle.name!r}")
-        return self.device.run_prepared(feeds, t0)
+        return self.device.run_prepared(feeds, t0, where)
 
-    def _cloud(self, feeds: list[np.ndarray], t0: float, reason: EscalationReason | None) -> Any:
+    def _cloud(self, feeds: list[np.ndarray], t0: float, reason: EscalationReason | None, where: Any = None) -> Any:
         # One deadline for everything this answer needs from the cloud (the model check, once, and the call).
         end = self.cloud.clock() + self.cloud.deadline_s
         self._ensure_model_checked(self.cloud.deadline_s)
@@ -237,12 +270,12 @@ class HybridModel(Closeable):
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
         return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,
-                      _topk=self._io.top)
+                      _topk=self._io.top, _decoder=self._io.decode, _transform=where)
 
     def _escalate(self, feeds, t0, reason: EscalationReason, device_result: Any,
-                  device_failure: Exception | None) -> Any:
+                  device_failure: Exception | None, where: Any = None) -> Any:
         try:
-            result = self._cloud(feeds, t0, reason)
+            result = self._cloud(feeds, t0, reason, where)
         except Exception as exc:  # CloudError from the client; anything else must not lose the device's answer
             if device_result is None:
                 # Neither side can answer: the device's own refusal is the error, with the cloud's chained.

@@ -21,6 +21,7 @@ from ..engines import Engine
 from ..errors import BackendUnavailable, InputError
 from ..frozen import freeze
 from ..lifecycle import Closeable
+from ..tasks.geometry import Transform
 from .placement import Candidate, Placement
 from ..budgets.thermal.serving import ThermalServing
 from .result import Result
@@ -47,7 +48,8 @@ class Model(Closeable):
         limit_mb = (self.budget.get("memory") or {}).get("limit_mb")
         # the room the memory budget leaves when a large image is about to be decoded
         self.io = BundleIO(bundle, None if limit_mb is None else lambda: limit_mb - memory.rss_mb())
-        self._feeds, self._top = self.io.feeds, self.io.top  # bound once: called on every prediction
+        # bound once: called on every prediction
+        self._feeds, self._prepare, self._top, self._decode = self.io.feeds, self.io.prepare, self.io.top, self.io.decode
 
     @property
     def labels(self) -> list[str] | None:
@@ -72,9 +74,11 @@ class Model(Closeable):
         manifest; or a float array of the model's input shape (with or without the batch axis);
         or, for several inputs, a list or a {name: array} dict."""
         t0 = time.perf_counter()
-        return self.run_prepared(self._feeds(x), t0)
+        feeds, transform = self._prepare(x)
+        return self.run_prepared(feeds, t0, transform)
 
-    def run_prepared(self, feeds: Sequence[np.ndarray], started: float | None = None) -> Result:
+    def run_prepared(self, feeds: Sequence[np.ndarray], started: float | None = None,
+                     transform: Transform | None = None) -> Result:
         """Run input tensors that are already prepared, under the lock and the budgets, as :meth:`predict` does once
         it has prepared its input.
 
@@ -82,7 +86,8 @@ class Model(Closeable):
         of the input's dtype and shape, batch axis included). They are not checked again: an array of another shape
         or dtype fails in the engine, as :class:`BackendUnavailable` ``run_failed``. ``started``: the
         ``time.perf_counter()`` at which preparing them began, so that ``timings_ms["preprocess"]`` covers it
-        (None: 0 ms). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.model.HybridModel` (prepared
+        (None: 0 ms). ``transform``: where the input's pixels lie in the original image (``model.io.prepare(x)``
+        gives it), for the task's decoding (None: the model input's own pixels). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.model.HybridModel` (prepared
         once for the device or the cloud) and calibrate-escalation."""
         t0 = started
         with self._lock:
@@ -104,7 +109,8 @@ class Model(Closeable):
         t2 = time.perf_counter()
         _check_finite(outputs, self.bundle.name)
         timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
-        return Result(outputs, placement, timings, budget=budget, _topk=self._top)
+        return Result(outputs, placement, timings, budget=budget, _topk=self._top, _decoder=self._decode,
+                      _transform=transform)
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict several inputs (each as :meth:`predict` takes it); results in the same order.
@@ -119,7 +125,8 @@ class Model(Closeable):
         if self._thermal is not None or len(xs) < 2:
             return [self.predict(x) for x in xs]
         t0 = time.perf_counter()
-        batch = [self._feeds(x) for x in xs]
+        prepared = [self._prepare(x) for x in xs]
+        batch = [feeds for feeds, _ in prepared]
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
@@ -134,7 +141,8 @@ class Model(Closeable):
         for i, out in enumerate(outputs):
             _check_finite(out, self.bundle.name, f"input {i} of the batch")
         timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
-        return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top) for out in outputs]
+        return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top, _decoder=self._decode,
+                       _transform=transform) for out, (_, transform) in zip(outputs, prepared)]
 
     def stream(self) -> "Stream":
         """A :class:`~edgesdk.runtime.stream.Stream` over this stateful model: each ``predict`` feeds the state the

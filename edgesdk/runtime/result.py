@@ -14,12 +14,15 @@ import numpy as np
 from ..bundle.tensors import Top
 from ..choices import EscalationReason
 from ..frozen import FrozenDict, thaw
+from ..tasks.results import Decoded, Detection, Landmarks, Mask, TextLine
 from .placement import Placement
 
 
 @dataclass
 class Result:
-    """One prediction: raw outputs, top-k (classification), where it ran and how long each stage took.
+    """One prediction: raw outputs, top-k (classification), the outputs decoded by the bundle's task
+    (``detections``, ``masks``, ``text``, ``landmarks``, ``embedding``, ``values``: :attr:`decoded`), where it ran
+    and how long each stage took.
 
     In hybrid mode (:mod:`edgesdk.hybrid.model`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
     (why the cloud was asked), ``degraded`` (the cloud failed and the device answered), ``cloud_error`` (the
@@ -47,6 +50,9 @@ class Result:
     cloud_error: str | None = None
     _topk: Any = field(default=None, repr=False, compare=False)
     _top: list[Top] | None = field(default=None, repr=False, compare=False)
+    _decoder: Any = field(default=None, repr=False, compare=False)
+    _transform: Any = field(default=None, repr=False, compare=False)
+    _decoded: Decoded | None = field(default=None, repr=False, compare=False)
 
     @property
     def top(self) -> list[Top]:
@@ -55,6 +61,53 @@ class Result:
             self._top = self._topk(self.outputs) if self._topk is not None else []
             self.timings_ms["postprocess"] = (time.perf_counter() - t0) * 1e3
         return self._top
+
+    @property
+    def decoded(self) -> Decoded:
+        """The outputs decoded by the bundle's task (:mod:`edgesdk.tasks`), on first read (recorded in
+        ``timings_ms["postprocess"]``, with the top-k if read first)."""
+        if self._decoded is None:
+            t0 = time.perf_counter()
+            self._decoded = self._decoder(self.outputs, self._transform) if self._decoder is not None \
+                else Decoded("raw")
+            self.timings_ms["postprocess"] = self.timings_ms.get("postprocess", 0.0) + (time.perf_counter() - t0) * 1e3
+        return self._decoded
+
+    @property
+    def task(self) -> str:
+        """The bundle's task type (``classification``, ``detection``, ...; ``raw`` for a model without one)."""
+        return self.decoded.task
+
+    @property
+    def detections(self) -> list[Detection]:
+        """Detected objects (a detection task; else empty): box (x1, y1, x2, y2) in the original image's pixels,
+        score, class and label, keypoints."""
+        return self.decoded.detections or []
+
+    @property
+    def masks(self) -> list[Mask]:
+        """Segmentation masks in the original image's pixels (a segmentation task; else empty)."""
+        return self.decoded.masks or []
+
+    @property
+    def text(self) -> TextLine | None:
+        """Decoded text with per-character confidence (a text task; else None)."""
+        return self.decoded.text
+
+    @property
+    def landmarks(self) -> Landmarks | None:
+        """Points in the original image's pixels (a landmarks task; else None)."""
+        return self.decoded.landmarks
+
+    @property
+    def embedding(self) -> np.ndarray | None:
+        """The embedding vector (an embedding task; else None)."""
+        return self.decoded.embedding
+
+    @property
+    def values(self) -> np.ndarray | None:
+        """The output values of a regression or probability task (else None)."""
+        return self.decoded.values
 
     def to_dict(self, outputs: bool = True) -> dict[str, Any]:
         """Plain data (JSON-ready): everything above, with ``backend`` (``engine:device:artifact``, None when the
@@ -66,6 +119,9 @@ class Result:
                "escalation_reason": self.escalation_reason, "degraded": self.degraded,
                "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
                "timings_ms": dict(self.timings_ms), "budget": thaw(self.budget)}
+        if self._decoder is not None:
+            out.update(self.decoded.to_dict())  # task, and the task's fields (detections, masks, text...)
+            out["timings_ms"] = dict(self.timings_ms)
         if outputs:
             out["output_shapes"] = [list(o.shape) for o in self.outputs]
             out["outputs"] = [o.tolist() for o in self.outputs]
