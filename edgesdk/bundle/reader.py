@@ -194,6 +194,12 @@ class Bundle:
         elif entry.get("max_abs_error_cap_exceeded") is True:
             failures.append(f"max |error| against the float outputs {error:.4g} > cap {cap:.4g}"
                             if error is not None and cap is not None else "max |error| above its cap")
+        dead = entry.get("dead_output")
+        if isinstance(dead, list) and dead:  # an output INT8 flattened (its spread far under its reference's)
+            failures.append(f"output(s) {', '.join(map(repr, map(str, dead)))} barely vary against the reference "
+                            "(INT8 flattened them)")
+        if isinstance(entry.get("task_failure"), str):
+            failures.append(entry["task_failure"])
         if not failures:
             failures.append(f"validation.{artifact_id}.passed is false (gate {gate or 'not recorded'})")
         return "; ".join(failures) + " at quantize time"

@@ -154,7 +154,7 @@ def silero(tmp_path_factory):
         # fixed_inputs folds the If on sr (OpenVINO cannot convert its dynamic-rank branches); sr stays an input
         quantize(source, work / "calib.npz", bundle, targets=["onnx", "openvino"], fixed_inputs={"sr": 16000},
                  input_shapes={"input": (1, 512), "state": (2, 1, 128)}, state={"stateN": "state"}, samples=16,
-                 progress=False)
+                 task=zoo.TASKS["silero_vad"], progress=False)
     except edgesdk.errors.ValidationFailed:
         pass  # openvino-int8 fails its gate (see test_silero_bundle_records_every_input); the bundle is written
     return source, bundle
@@ -175,9 +175,14 @@ def test_silero_bundle_records_every_input(silero):
         assert golden["input_1"].shape == (m["golden"]["count"], 2, 1, 128) and golden["input_2"].dtype == np.int64
     assert {a["id"] for a in m["artifacts"]} == {"onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32",
                                                  "openvino-int8"}
-    # Measured here (AMX): both INT8 artifacts flatten the speech probability (float peaks near 0.10 on this audio,
-    # INT8 stays near 0.005), which the per-output cap catches (the state's wide range no longer excuses it), so
-    # both fail their gate and a device serves a float artifact (test_silero_default_load_serves_float_and_streams).
+    # Measured here (AMX), on this near-silent audio (float's speech probability varies by std 0.0008): ONNX Runtime's
+    # INT8 is close on average (mean error 0.0002 of the [0, 1] range, the same decisions at 0.5) but clipped at the
+    # top of its calibrated range (0.0024 where float says 0.10 on a burst), which the per-output cap catches (for a
+    # probability the values are the answer: the caps gate). OpenVINO's INT8 answers one constant (its LSTM state
+    # pinned at the state quantizer's low bound): the dead-output check fails it too, whatever its error.
+    assert m["task"]["type"] == "probability" and m["validation"]["onnxruntime-int8"]["metric"] == "relative_mae"
+    ov = m["validation"]["openvino-int8"]
+    assert ov["passed"] is False and ov["dead_output"] == ["output"] and ov["output_std"][0] < 1e-6, ov
     for aid in ("onnxruntime-int8", "openvino-int8"):
         entry = m["validation"][aid]
         assert entry["passed"] is False and entry["max_abs_error_cap_exceeded"] is True
@@ -185,9 +190,12 @@ def test_silero_bundle_records_every_input(silero):
         assert prob["max_abs_error"] > prob["cap"], entry["output_errors"]
     from edgesdk.bundle.report import validation_table
 
-    assert "onnxruntime-int8 is off the float output(s) output by " in validation_table(m)  # named, with its cap
+    table = validation_table(m)
+    assert "onnxruntime-int8 is off the float output(s) output by " in table  # named, with its cap
+    assert "openvino-int8 output 'output' barely varies" in table, table
     gate = edgesdk.Bundle.open(bundle).failed_gate("onnxruntime-int8")
-    assert gate.startswith("max |error| of output 'output' against float ") and "> its cap " in gate
+    assert "max |error| of output 'output' against float " in gate and "> its cap " in gate
+    assert "'output' barely vary" in edgesdk.Bundle.open(bundle).failed_gate("openvino-int8")
 
 
 def test_silero_default_load_serves_float_and_streams(silero):

@@ -346,7 +346,7 @@ def test_output_path_is_a_file(tmp_path, digits_npz):
 
 def test_max_drop_violated_names_the_artifact_and_keeps_the_bundle(tmp_path, digits_npz):
     out = tmp_path / "b"
-    with pytest.raises(ValidationFailed, match=r"validation failed for .*onnxruntime-int8.* \(max drop -1.0 points\); "
+    with pytest.raises(ValidationFailed, match=r"validation failed for .*onnxruntime-int8.* \(max drop -1.0 points of golden_agreement, accuracy\); "
                                                r"bundle written to .*b with passed=false") as info:
         quantize(DIGITS_ONNX, digits_npz, out, targets=["onnx"], samples=40, val_samples=30, max_drop=-1.0)
     assert isinstance(info.value, EdgeSDKError)
