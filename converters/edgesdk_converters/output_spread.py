@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from .output_errors import INT8_STEPS
+
 DEAD_RATIO = 0.25  # an output whose spread is under this share of its reference's is dead
 
 
@@ -48,13 +50,15 @@ class OutputSpread:
 
 def dead_outputs(own: OutputSpread, ref: OutputSpread) -> list[int]:
     """The outputs (indices) that vary far less here than in the reference (std under :data:`DEAD_RATIO` of the
-    reference's), where the reference varies by more than one 8-bit step of its own magnitude (an output the
-    reference itself holds nearly still, such as a presence score stuck at 0.995, cannot be judged this way).
+    reference's), where the reference varies by more than a few 8-bit steps of its own magnitude
+    (:data:`~.output_errors.INT8_STEPS`, as the per-output cap allows). An output the reference itself holds nearly
+    still cannot be judged this way: a presence score stuck at 0.995, or Silero's speech probability on a few
+    chunks of noise (std 4e-6 at a magnitude near 0.001: one INT8 step), which INT8 rightly rounds to one value.
     An output that is not finite here while the reference's is counts as dead too."""
     dead = []
     for j, (mine, theirs) in enumerate(zip(own.std(), ref.std())):
         if not math.isfinite(theirs) or j >= len(ref.peak):
             continue
-        if theirs > max(1e-6, ref.peak[j] / 255.0) and not mine >= DEAD_RATIO * theirs:
+        if theirs > max(1e-6, INT8_STEPS * ref.peak[j] / 255.0) and not mine >= DEAD_RATIO * theirs:
             dead.append(j)
     return dead

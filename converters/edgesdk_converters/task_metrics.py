@@ -267,6 +267,14 @@ class Quantiles:
         return 0.0 if k == 0 else min(float(self.edges[k - 1]) * self.STEP, self.max)
 
 
+def span(lo: float, hi: float, peak: float) -> float:
+    """What an error is relative to: the reference's range over the set, but at least half its largest |value|.
+    An output that barely moves (a probability near 0.001 on a few chunks of noise, range 1e-5) is measured
+    against its magnitude, so the few INT8 steps any output may move by (:func:`~.output_errors.output_caps`:
+    1.6 % of that magnitude) stay a few percent, not hundreds."""
+    return max(hi - lo, 0.5 * peak, 1e-12) if math.isfinite(hi - lo) else 1.0
+
+
 class ValueAgreement(TaskMetric):
     """Regression / probability values: mean |error| relative to the output's range (the task's, else the
     reference's over the set) in percent, and the share of values on the same side of the task's threshold."""
@@ -291,14 +299,13 @@ class ValueAgreement(TaskMetric):
         if self.threshold is not None:
             self.same += int(np.count_nonzero((a >= self.threshold) == (b >= self.threshold)))
 
-    def span(self) -> float:
+    def reference_range(self) -> float:
         if self.range is not None:
             return float(self.range[1] - self.range[0])
-        seen = self.hi - self.lo if self.n else 0.0
-        return max(seen, 1e-3 * self.peak, 1e-6)  # a constant reference: relative to its magnitude
+        return span(self.lo, self.hi, self.peak) if self.n else 1.0
 
     def value(self):
-        return 100.0 * (self.abs_sum / self.n) / self.span() if self.n else 0.0
+        return 100.0 * (self.abs_sum / self.n) / self.reference_range() if self.n else 0.0
 
     def drop(self):
         return self.value()
@@ -308,7 +315,8 @@ class ValueAgreement(TaskMetric):
 
     def details(self):
         return {"relative_mae": self.value(), "mae": self.abs_sum / self.n if self.n else 0.0,
-                "range": self.span(), "decision_agreement": self.decision_agreement(), "threshold": self.threshold}
+                "range": self.reference_range(), "decision_agreement": self.decision_agreement(),
+                "threshold": self.threshold}
 
     def failure(self):
         agreement = self.decision_agreement()
@@ -395,9 +403,9 @@ class RawAgreement(TaskMetric):
     def per_output(self) -> list[dict[str, float]]:
         out = []
         for acc in self.outputs:
-            span = max(acc["hi"] - acc["lo"], 1e-3 * acc["peak"], 1e-6) if acc["n"] else 1.0
-            out.append({"relative_max_error": 100.0 * acc["max"] / span,
-                        "relative_mean_error": 100.0 * acc["sum"] / acc["n"] / span if acc["n"] else 0.0,
+            scale = span(acc["lo"], acc["hi"], acc["peak"]) if acc["n"] else 1.0
+            out.append({"relative_max_error": 100.0 * acc["max"] / scale,
+                        "relative_mean_error": 100.0 * acc["sum"] / acc["n"] / scale if acc["n"] else 0.0,
                         "cosine": acc["cos"] / acc["samples"] if acc["samples"] else 1.0})
         return out
 

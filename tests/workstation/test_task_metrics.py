@@ -199,6 +199,13 @@ def test_raw_relative_errors_per_output_gate_on_the_worst_mean():
     assert m.value() == pytest.approx(25.0) and m.drop() == m.value()
 
 
+def test_raw_error_of_an_output_that_barely_moves_is_relative_to_its_magnitude():
+    m = RawAgreement()
+    for i in range(4):  # the reference spans 3e-6 near 0.001; INT8 holds 0.00106
+        m.add(None, None, [np.array([0.00106])], [np.array([0.001 + 1e-6 * i])])
+    assert m.value() == pytest.approx(100 * (0.00106 - 0.0010015) / (0.5 * 0.001003), rel=1e-6)
+
+
 def test_metric_for_each_task():
     kinds = {"detection": DetectionAgreement, "segmentation": MaskAgreement, "text": TextAgreement,
              "landmarks": PointAgreement, "regression": ValueAgreement, "probability": ValueAgreement,
@@ -243,6 +250,18 @@ def test_an_output_the_reference_holds_nearly_still_is_not_judged():
         ref.add([np.array([[0.995 + rng.uniform(-0.001, 0.001)]])])
         own.add([np.array([[0.996]])])
     assert dead_outputs(own, ref) == []
+
+
+def test_an_output_varying_by_one_int8_step_is_not_judged():
+    """Silero's speech probability on a few chunks of noise (measured: std 4e-6 near 0.001): INT8 rounds it to one
+    value, which is no loss; the same output varying over a fifth of its magnitude is judged."""
+    rng = np.random.default_rng(3)
+    quiet, lively, own = OutputSpread(), OutputSpread(), OutputSpread()
+    for _ in range(8):
+        quiet.add([np.array([[0.001 + rng.normal(0, 4e-6)]])])
+        lively.add([np.array([[0.001 + rng.normal(0, 2e-4)]])])
+        own.add([np.array([[0.001]])])
+    assert dead_outputs(own, quiet) == [] and dead_outputs(own, lively) == [0]
 
 
 def test_an_output_that_is_not_finite_is_dead():
