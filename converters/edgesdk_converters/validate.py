@@ -153,13 +153,14 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
         _check_spread(entry, spreads[b.id], spreads[compared_with[b.id]], names)
         metrics[b.id] = _finite(entry)
     capped = {b.id: spec.type in CAPS_GATE or not metrics[b.id]["passed"] for b in built}
-    pooled, each = golden_tolerances(built, tallies, golden_id, error_cap, capped)
+    pooled, each, each_mean = golden_tolerances(built, tallies, golden_id, error_cap, capped)
     golden = {
         "reference": golden_id,
         "inputs": golden_in,
         "outputs": golden_out,
         "tolerance": pooled,
         "tolerance_per_output": each,
+        "mean_tolerance_per_output": each_mean,
         "probabilities": tallies[golden_id].probs_like,
     }
     return metrics, golden

@@ -159,9 +159,11 @@ MANIFEST = Obj(
             "layout": OneOf(*GOLDEN_LAYOUTS),
             "count": Int(0, "a non-negative integer"), "reference": Nullable(Str()), "metric": Str(),
             "tolerance": MapOf(Num(0.0, expected="a non-negative number")),
-            # one tolerance per output (in the manifest's output order), each from that output's own range; a
-            # device checks each output against its own when the artifact has them, else the pooled tolerance
+            # one tolerance per output (in the manifest's output order), each from that output's own range, on its
+            # largest |error| and on its mean |error| over a sample; a device checks each output against its own
+            # when the artifact has them, else the pooled tolerance
             "tolerance_per_output": MapOf(ListOf(Num(0.0, expected="a non-negative number"))),
+            "mean_tolerance_per_output": MapOf(ListOf(Num(0.0, expected="a non-negative number"))),
         })),
         "hybrid": Nullable(Obj(optional={
             "signal": Str(nonempty=True), "threshold": Nullable(_SHARE), "max_clipped": Nullable(_SHARE),
@@ -281,10 +283,10 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
 
 def _golden_fits(manifest: dict[str, Any]) -> list[str]:
     """Each artifact's per-output golden tolerances hold one value per output."""
-    each = (manifest.get("golden") or {}).get("tolerance_per_output") or {}
-    n_out = len(manifest["outputs"])
-    return [f"golden.tolerance_per_output[{_show(aid)}] has {len(values)} value(s); the model has {n_out} output(s)"
-            for aid, values in each.items() if len(values) != n_out]
+    golden, n_out = manifest.get("golden") or {}, len(manifest["outputs"])
+    return [f"golden.{key}[{_show(aid)}] has {len(values)} value(s); the model has {n_out} output(s)"
+            for key in ("tolerance_per_output", "mean_tolerance_per_output")
+            for aid, values in (golden.get(key) or {}).items() if len(values) != n_out]
 
 
 def _state_fits(manifest: dict[str, Any]) -> list[str]:

@@ -48,20 +48,23 @@ def run_as_given(engine: Engine, feeds: list[np.ndarray]) -> list[np.ndarray]:
 def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     """Run every golden input; raise ``numerics_mismatch`` when an output is off by more than its tolerance.
 
-    Each output has its own tolerance when the bundle records them (``golden.tolerance_per_output``: set from that
-    output's own range at quantize time, so a [0, 1] probability is not checked against the scale of a wide state
-    or logits beside it); a bundle from before them has one ``tolerance`` for every output. Catches a broken
-    delegate or kernel, an output flattened or saturated on this CPU, and an artifact damaged in a way its checksum
-    does not show. Golden data that does not fit the manifest, or holds no sample, is a :class:`BundleError`
-    (never "checked" on nothing).
+    Each output has its own tolerance on its largest |error| when the bundle records them
+    (``golden.tolerance_per_output``: set from that output's own range at quantize time, so a [0, 1] probability is
+    not checked against the scale of a wide state or logits beside it), and one on its mean |error| over a sample
+    (``golden.mean_tolerance_per_output``: a map where a few pixels may flip from 0 to 1 is still held as a whole);
+    a bundle from before them has one ``tolerance`` for every output. Catches a broken delegate or kernel, an output
+    flattened or saturated on this CPU, and an artifact damaged in a way its checksum does not show. Golden data
+    that does not fit the manifest, or holds no sample, is a :class:`BundleError` (never "checked" on nothing).
     """
     golden_meta = bundle.manifest.get("golden") or {}
     pooled = (golden_meta.get("tolerance") or {}).get(artifact_id)
     each = (golden_meta.get("tolerance_per_output") or {}).get(artifact_id)
+    each_mean = (golden_meta.get("mean_tolerance_per_output") or {}).get(artifact_id)
     n_out = len(bundle.manifest["outputs"])
-    if each is not None and len(each) != n_out:
-        raise BundleError(f"bundle {bundle.name!r}: golden.tolerance_per_output.{artifact_id} has {len(each)} "
-                          f"value(s); the model has {n_out} output(s)")
+    for key, values in (("tolerance_per_output", each), ("mean_tolerance_per_output", each_mean)):
+        if values is not None and len(values) != n_out:  # the schema refuses this; a hand-made Bundle may not
+            raise BundleError(f"bundle {bundle.name!r}: golden.{key}.{artifact_id} has {len(values)} value(s); the "
+                              f"model has {n_out} output(s)")
     if pooled is None and each is None:
         return {"checked": False, "why": f"the bundle records no golden tolerance for {artifact_id}"}
     tolerances = [float(t) for t in each] if each is not None else [float(pooled)] * n_out
@@ -71,7 +74,7 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
     if not runs:  # Bundle.golden refuses this already; a check on zero samples must never read as passed
         raise BundleError(f"bundle {bundle.name!r}: the golden data holds no sample to check {artifact_id} on")
     names = [o.get("name") or f"output {j}" for j, o in enumerate(bundle.manifest["outputs"])]
-    worst = [0.0] * n_out
+    worst, worst_mean = [0.0] * n_out, [0.0] * n_out
     where = f"{artifact_id} on {engine.name}:{engine.device}"
     for i, feeds in enumerate(runs):
         try:
@@ -92,17 +95,27 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
                 raise BackendUnavailable("numerics_mismatch", f"{where} output {j} has shape {list(got.shape)}; "
                                                               f"the golden output has {list(ref.shape)}")
             got = got.reshape(ref.shape)
-            err = float(np.max(np.abs(got - ref))) if np.all(np.isfinite(got)) else float("inf")
-            worst[j] = max(worst[j], err)
+            finite = bool(np.all(np.isfinite(got)))
+            gap = np.abs(got - ref)
+            err = float(np.max(gap)) if finite and gap.size else (0.0 if finite else float("inf"))
+            mean = float(np.mean(gap, dtype=np.float64)) if finite and gap.size else (0.0 if finite else float("inf"))
+            worst[j], worst_mean[j] = max(worst[j], err), max(worst_mean[j], mean)
             if not err <= tolerances[j]:
                 whose = "that output's own" if each is not None else "one for every output"
                 raise BackendUnavailable(
                     "numerics_mismatch",
                     f"{where} is off by {err:.4g} on golden input {i} output {j} ({names[j]!r}; tolerance "
                     f"{tolerances[j]:.4g}, {whose})")
+            if each_mean is not None and not mean <= each_mean[j]:
+                raise BackendUnavailable(
+                    "numerics_mismatch",
+                    f"{where} is off by {mean:.4g} on average on golden input {i} output {j} ({names[j]!r}; mean "
+                    f"tolerance {float(each_mean[j]):.4g}, that output's own): the output moved as a whole")
     result = {"checked": True, "max_abs_error": max(worst, default=0.0),
               "tolerance": float(pooled) if pooled is not None else max(tolerances, default=0.0),
               "inputs": len(runs)}
     if each is not None:
         result.update(max_abs_error_per_output=worst, tolerance_per_output=tolerances)
+    if each_mean is not None:
+        result.update(mean_abs_error_per_output=worst_mean, mean_tolerance_per_output=[float(t) for t in each_mean])
     return result

@@ -44,11 +44,12 @@ def two_outputs(path: Path, flat: bool) -> Path:
     return path
 
 
-def write_bundle(root: Path, golden: dict) -> Path:
-    """The flattened artifact, with golden data from the real model and ``golden`` (tolerances) in the manifest."""
+def write_bundle(root: Path, golden: dict, flat: bool = True) -> Path:
+    """The flattened artifact (``flat``; else the real model), with golden data from the real model and ``golden``
+    (tolerances) in the manifest."""
     root.mkdir()
     real = two_outputs(root.parent / f"{root.name}-real.onnx", flat=False)
-    shipped = two_outputs(root / "model.onnx", flat=True)
+    shipped = two_outputs(root / "model.onnx", flat=flat)
     session = ort.InferenceSession(str(real), providers=["CPUExecutionProvider"])
     xs = np.random.default_rng(1).normal(0, 1, (4, 1, 4)).astype(np.float32)
     outs = [session.run(None, {"x": x}) for x in xs]
@@ -107,16 +108,37 @@ def test_per_output_tolerances_alone_are_enough(tmp_path):
     assert result["checked"] is True and result["tolerance"] == 0.5
 
 
-def test_a_per_output_list_of_the_wrong_length_is_refused_when_the_bundle_opens(tmp_path):
-    root = write_bundle(tmp_path / "b", {"tolerance_per_output": {"onnxruntime-int8": [0.5]}})
-    with pytest.raises(BundleError, match=r'golden.tolerance_per_output\["onnxruntime-int8"\] has 1 value\(s\); the '
+def test_a_flattened_output_fails_its_mean_tolerance_where_its_max_one_is_the_whole_range(tmp_path):
+    """A map judged by its masks may flip a pixel from 0 to 1 (its max tolerance is then its range): the mean
+    tolerance still refuses an output that moved as a whole."""
+    root = write_bundle(tmp_path / "b", {"tolerance_per_output": {"onnxruntime-int8": [1.0, 2.0]},
+                                         "mean_tolerance_per_output": {"onnxruntime-int8": [0.01, 1e-3]}})
+    with pytest.raises(BackendUnavailable, match=r"is off by 0\.\d+ on average on golden input \d output 0 \('prob'; "
+                                                 r"mean tolerance 0.01, that output's own\): the output moved as a "
+                                                 r"whole"):
+        _check(root)
+
+
+def test_the_real_model_meets_its_mean_tolerances(tmp_path):
+    root = write_bundle(tmp_path / "b", {"tolerance_per_output": {"onnxruntime-int8": [1e-4, 1e-3]},
+                                         "mean_tolerance_per_output": {"onnxruntime-int8": [1e-4, 1e-3]}}, flat=False)
+    result = _check(root)
+    assert result["checked"] is True and result["mean_tolerance_per_output"] == [1e-4, 1e-3]
+    assert result["mean_abs_error_per_output"] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("key", ["tolerance_per_output", "mean_tolerance_per_output"])
+def test_a_per_output_list_of_the_wrong_length_is_refused_when_the_bundle_opens(tmp_path, key):
+    root = write_bundle(tmp_path / "b", {key: {"onnxruntime-int8": [0.5]}})
+    with pytest.raises(BundleError, match=rf'golden.{key}\["onnxruntime-int8"\] has 1 value\(s\); the '
                                           r"model has 2 output\(s\)"):
         Bundle.open(root)
 
 
-def test_a_negative_per_output_tolerance_is_refused(tmp_path):
-    root = write_bundle(tmp_path / "b", {"tolerance_per_output": {"onnxruntime-int8": [0.5, -1.0]}})
-    with pytest.raises(BundleError, match=r"golden.tolerance_per_output.onnxruntime-int8\[1\] must be a non-negative "
+@pytest.mark.parametrize("key", ["tolerance_per_output", "mean_tolerance_per_output"])
+def test_a_negative_per_output_tolerance_is_refused(tmp_path, key):
+    root = write_bundle(tmp_path / "b", {key: {"onnxruntime-int8": [0.5, -1.0]}})
+    with pytest.raises(BundleError, match=rf"golden.{key}.onnxruntime-int8\[1\] must be a non-negative "
                                           r"number, got -1.0"):
         Bundle.open(root)
     json.loads((root / "manifest.json").read_text())  # the file itself is fine JSON: the schema refused it
