@@ -247,7 +247,11 @@ def calibrate_escalation(
                                                       "at most this share of inputs (e.g. 0.25)."),
     target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy", help="Fewest escalations reaching "
                                                     "this hybrid accuracy (e.g. 0.99)."),
-    signal: str = typer.Option("max_prob", "--signal", help="max_prob, margin or entropy."),
+    signal: Optional[str] = typer.Option(None, "--signal", help="A classifier's max_prob, margin or entropy; a "
+                                         "detector's uncertain_share or min_kept_score; a segmenter's "
+                                         "uncertain_pixel_share; a text model's min_char_confidence or mean_margin; "
+                                         "a regression's or probability's threshold_distance (default: the task's "
+                                         "usual one)."),
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Environment variable holding the cloud's "
                                             "bearer token."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Measure and print; do not write the manifest."),
@@ -256,7 +260,9 @@ def calibrate_escalation(
 ) -> None:
     """Sweep the escalation threshold on labelled validation data against the cloud and store the chosen one (and
     the curve escalation rate -> hybrid accuracy) in the bundle's manifest. Default goal: within 0.3 points of
-    cloud-only accuracy with the fewest escalations. Runs where the labels are (a workstation)."""
+    cloud-only accuracy with the fewest escalations. Runs where the labels are (a workstation). A bundle of another
+    task (detection, segmentation, text...) needs no labels: its "accuracy" is agreement with the cloud's answer under
+    the task's own gate."""
     import importlib.util
 
     if importlib.util.find_spec("edgesdk_converters") is None or importlib.util.find_spec("tqdm") is None:
@@ -278,7 +284,10 @@ def calibrate_escalation(
     step = max(1, len(entry["curve"]) // 20)
     for p in entry["curve"][::step]:
         print(f"{p['escalation_rate']:>10.1%} {p['accuracy']:>16.2%}")
-    print(f"device-only {entry['device_accuracy']:.2%}, cloud-only {entry['cloud_accuracy']:.2%}; "
-          f"{entry['signal']} {'>' if entry['signal'] == 'entropy' else '<'} {entry['threshold']:.4f} escalates "
+    from edgesdk.hybrid.model import HIGH_IS_HARD
+
+    device = "device agrees with cloud" if entry.get("agreement_with") == "cloud" else "device-only"
+    print(f"{device} {entry['device_accuracy']:.2%}, cloud-only {entry['cloud_accuracy']:.2%}; "
+          f"{entry['signal']} {'>' if entry['signal'] in HIGH_IS_HARD else '<'} {entry['threshold']:.4f} escalates "
           f"{entry['escalation_rate']:.1%} for "
           f"{entry['hybrid_accuracy']:.2%} ({entry['chosen_by']})")

@@ -10,6 +10,13 @@ throughout). The chosen threshold is the one that
 - ``target_accuracy=A``: escalates the fewest inputs reaching hybrid accuracy A (if none does: the best point);
 - neither: reaches the cloud-only accuracy less ``DEFAULT_GAP`` (0.3 points) with the fewest escalations.
 
+A bundle of another task (detection, segmentation, text, regression, probability) sweeps its own signal
+(:mod:`edgesdk.tasks.hardness`: ``uncertain_share``, ``uncertain_pixel_share``, ``min_char_confidence``,
+``threshold_distance``...) and its own metric: with the cloud's answer as the reference, a device answer counts as
+right when it passes the task's validation gate against it on that one sample (box F1, mask IoU, the same string, the
+value within its range...), so no labels are needed; "accuracy" is then the share of answers that agree with what
+cloud-only would give.
+
 The manifest's ``hybrid`` entry gets the signal, the threshold, the expected escalation rate and accuracies, and
 the curve (at most ``CURVE_POINTS`` points); the runtime uses that threshold unless told otherwise. The manifest is
 rewritten atomically; no other bundle file changes (their checksums stay valid).
@@ -29,7 +36,11 @@ from edgesdk import Bundle, EscalationPolicy
 from edgesdk.atomic_file import write_json_atomic
 from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
-from edgesdk.hybrid.model import SIGNALS, signals
+from edgesdk.hybrid.model import HIGH_IS_HARD, SIGNALS, signals
+from edgesdk.tasks import task_of
+from edgesdk.tasks.hardness import signals as task_signals
+
+from .task_metrics import metric_for
 
 from . import calibration
 
@@ -40,7 +51,7 @@ CURVE_POINTS = 101
 def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = None,
                          cloud_bundle: str | Path | None = None,
                          target_escalation: float | None = None, target_accuracy: float | None = None,
-                         signal: str = "max_prob", token_env: str | None = None, write: bool = True,
+                         signal: str | None = None, token_env: str | None = None, write: bool = True,
                          progress: bool = True, say: Callable[[str], None] = print, **load_options: Any) -> dict:
     """Measure, sweep, choose, and (``write``) store; returns the ``hybrid`` entry written to the manifest."""
     import edgesdk
@@ -52,13 +63,17 @@ def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = No
     for name, value in (("target_escalation", target_escalation), ("target_accuracy", target_accuracy)):
         if value is not None and not 0.0 <= value <= 1.0:
             raise InputError(f"{name} must be a fraction in [0, 1], got {value}")
-    if signal not in SIGNALS:
+    if signal is not None and signal not in SIGNALS:
         raise InputError(f"signal must be one of {', '.join(SIGNALS)}, got {signal!r}")
     bundle_path = Path(bundle)
     b = Bundle.open(bundle_path)
+    task = task_of(b.manifest)
+    by_task = task.type not in ("classification", "raw")
+    # the signal the task measures (None: its usual one); one of another task is refused here, naming the right one
+    signal = EscalationPolicy(signal=signal).resolved(b.manifest).signal
     specs = [TensorSpec(t["name"], tuple(t["shape"]), t.get("dtype", "float32")) for t in b.manifest["inputs"]]
     ds = calibration.read_dataset(val, specs, b.preprocess, b.labels, "validation")
-    if ds.labels is None:
+    if ds.labels is None and not by_task:
         raise CalibrationError(f"validation data {ds.origin} has no labels (use class sub-folders, or an .npz with "
                                "y): the hybrid accuracy cannot be measured without them")
     names = [s.name for s in specs]
@@ -107,10 +122,21 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
     say(f"calibrate-escalation: {n} samples of {ds.origin}; device {device.placement.artifact} on "
         f"{device.placement.engine}:{device.placement.device}; cloud {cloud_name}")
     t0 = time.perf_counter()
+    task = device.io.task
+    by_task = task.type not in ("classification", "raw")
     for i in _bar(range(n), progress):
         feeds = [np.ascontiguousarray(a[None] if a.ndim == len(s.shape) - 1 else a, dtype=np.float32)
                  for a, s in zip(ds.load(i), specs)]
         result = device.run_prepared(feeds)
+        if by_task:  # the task's own signal; right = agrees with the cloud's answer under the task's gate
+            answer = remote(feeds)
+            s = task_signals(task, result.decoded, result.outputs, device.io.output_names)
+            sig[i] = s[signal] if s[signal] is not None else (1.0 if HIGH_IS_HARD_SIGNALS(signal) else 0.0)
+            s_clip = signals(None, feeds, ranges)["clipped_share"]
+            clipped[i] = s_clip or 0.0
+            device_ok[i] = agrees(task, result.decoded, device.io.decode(answer), result.outputs, answer)
+            cloud_ok[i] = True
+            continue
         probs = device.io.probabilities(result.outputs)
         if probs is None:
             raise CalibrationError(f"bundle {b.name!r} is not a classifier (postprocess type "
@@ -142,13 +168,28 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         "curve": _thin(curve),
         "calibrated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    say(f"device-only {device_acc:.2%}, cloud-only {cloud_acc:.2%}; chosen {signal} threshold "
+    if by_task:
+        entry["agreement_with"] = "cloud"  # accuracies are agreement with the cloud's answer under the task's gate
+    say(f"{'device agrees with cloud' if by_task else 'device-only'} {device_acc:.2%}, cloud-only {cloud_acc:.2%}; "
+        f"chosen {signal} threshold "
         f"{chosen['threshold']:.4f} ({why}): escalates {chosen['escalation_rate']:.1%}, hybrid "
         f"{chosen['accuracy']:.2%} ({elapsed:.1f} s)")
     if write:
         _write_manifest(bundle_path, entry)
         say(f"wrote manifest['hybrid'] of {bundle_path}")
     return entry
+
+
+def HIGH_IS_HARD_SIGNALS(signal: str) -> bool:  # noqa: N802 (reads as the set it asks)
+    """Whether high values of ``signal`` mean a hard input (entropy, the uncertain shares)."""
+    return signal in HIGH_IS_HARD
+
+
+def agrees(task, own, ref, own_raw, ref_raw) -> bool:
+    """Whether a device answer passes the task's validation gate against the cloud's, on this one sample."""
+    metric = metric_for(task)
+    metric.add(own, ref, own_raw, ref_raw)
+    return metric.drop() <= metric.default_max_drop() + 1e-9 and metric.failure() is None
 
 
 def _sweep(sig: np.ndarray, out_of_range: np.ndarray, device_ok: np.ndarray, cloud_ok: np.ndarray,
@@ -160,7 +201,7 @@ def _sweep(sig: np.ndarray, out_of_range: np.ndarray, device_ok: np.ndarray, clo
     edges = np.concatenate([[values[0] - 1e-6], (values[:-1] + values[1:]) / 2, [values[-1] + 1e-6]])
     points = []
     for t in np.clip(edges, 0.0, 1.0):  # a policy threshold is in [0, 1]: measure what the runtime will do
-        hard = (sig > t) if signal == "entropy" else (sig < t)
+        hard = (sig > t) if HIGH_IS_HARD_SIGNALS(signal) else (sig < t)
         escalate = hard | out_of_range
         correct = np.where(escalate, cloud_ok, device_ok)
         points.append({"threshold": float(t), "escalation_rate": float(escalate.sum() / n),

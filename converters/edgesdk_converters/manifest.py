@@ -86,6 +86,9 @@ def build_manifest(src, pre, label_names, built, work, calib_samples, calib_ds, 
             "reference": golden["reference"],
             "metric": "max_abs_error",
             "tolerance": golden["tolerance"],
+            # per output, each from that output's own range: a device checks every output on its own
+            "tolerance_per_output": golden["tolerance_per_output"],
+            "mean_tolerance_per_output": golden["mean_tolerance_per_output"],
         },
     }
 

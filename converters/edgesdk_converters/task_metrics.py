@@ -21,6 +21,9 @@ from edgesdk.tasks import Decoded, TaskSpec, TaskType
 
 MAX_RECALL_SAMPLES = 4096  # embeddings kept for recall@1 (4096 x 512 float32: 8 MiB)
 DETECTION_IOU = 0.5  # a box matches its reference at this IoU or more (and the same class)
+# detection: the scores of matched boxes may differ from the reference's by this much on average (BlazeFace INT8:
+# 0.016; a YOLO export whose scores share one INT8 scale with pixel coordinates: 0.2-0.25, steps of ~0.38)
+DETECTION_SCORE_ERROR_MAX = 0.10
 DECISION_AGREEMENT_MIN = 0.90  # probability: decisions at the threshold must agree on this share of values
 
 
@@ -93,6 +96,13 @@ class DetectionAgreement(TaskMetric):
     def value(self):
         total = self.own + self.ref
         return 1.0 if total == 0 else 2.0 * self.matched / total
+
+    def failure(self):
+        error = self.score_diff / self.matched if self.matched else 0.0
+        if error > DETECTION_SCORE_ERROR_MAX:
+            return (f"the scores of matched boxes differ from the reference's by {error:.3f} on average (max "
+                    f"{DETECTION_SCORE_ERROR_MAX:g}): the boxes agree, the confidences do not")
+        return None
 
     def details(self):
         m = self.matched

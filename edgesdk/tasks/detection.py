@@ -169,10 +169,11 @@ def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str
         boxes = values[:, [1, 0, 3, 2]] if spec.box_format == "yxyx" else values.copy()
         if spec.box_format == "xywh":
             boxes = np.concatenate([boxes[:, 0:2] - boxes[:, 2:4] / 2, boxes[:, 0:2] + boxes[:, 2:4] / 2], axis=1)
-        if spec.normalized:
-            height, width = _input_size(transform, "normalized boxes")
-            boxes = boxes * (width, height, width, height)
-    return Candidates(boxes, scores, classes, keypoints)
+    if spec.normalized and spec.format != "anchors":  # yolo rows or boxes in [0, 1] of the input
+        height, width = _input_size(transform, "normalized boxes")
+        boxes = boxes * np.array((width, height, width, height), dtype=boxes.dtype)
+    # a score is a probability: INT8 rounding of an output shared with pixel coordinates can push it past 1
+    return Candidates(boxes, np.clip(scores, 0.0, 1.0), classes, keypoints)
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou_threshold: float,

@@ -50,7 +50,8 @@ def test_console_script_is_the_cli_main():
     ((), ("quantize", "inspect", "demo")),
     (("quantize",), ("--calib", "--targets", "--val", "--preprocess", "--labels", "--samples", "--val-samples",
                      "--seed", "--max-drop", "--out", "--force", "--json", ".pt2", ".onnx", ".tflite",
-                     "tflite, openvino, onnx", "[default: 300]", "[default: 1.0]")),
+                     "tflite, openvino, onnx", "[default: 300]", "--task", "--task-config", "--charset", "--metric",
+                     "default: the task's")),
     (("inspect",), ("bundle", "--json", "checksums")),
     (("demo",), ("--workdir", "--quiet", "digits")),
 ], ids=["edgesdk", "quantize", "inspect", "demo"])

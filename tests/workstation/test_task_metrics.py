@@ -270,3 +270,17 @@ def test_an_output_that_is_not_finite_is_dead():
         ref.add([np.array([float(i)])])
         own.add([np.array([np.nan if i == 3 else float(i)])])
     assert dead_outputs(own, ref) == [0]
+
+
+def test_detection_fails_on_score_error_when_the_boxes_agree():
+    """Boxes that all match but whose scores moved by 0.3 (a YOLO export whose INT8 scores share one scale with pixel
+    coordinates) fail on the score error; 0.05 of score error passes."""
+    from edgesdk_converters.task_metrics import DETECTION_SCORE_ERROR_MAX, DetectionAgreement
+
+    ref = _dets((0, 0, 10, 10, 0.6), (20, 20, 30, 30, 0.7, 1))
+    for moved, fails in ((0.3, True), (0.05, False)):
+        metric = DetectionAgreement()
+        metric.add(_dets((0, 0, 10, 10, 0.6 + moved), (20, 20, 30, 30, 0.7 - moved, 1)), ref, [], [])
+        assert metric.value() == 1.0
+        assert (metric.failure() is not None) is fails, (moved, metric.failure())
+    assert DETECTION_SCORE_ERROR_MAX == 0.10

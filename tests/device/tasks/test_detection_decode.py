@@ -254,3 +254,19 @@ def test_an_unresolved_spec_is_refused_naming_the_role():
     spec = TaskSpec.make("detection", format="yolo")
     with pytest.raises(InputError, match=r"needs output role 'predictions'.*resolve"):
         decode(spec, [YOLO_ROWS[None]], ["output0"])
+
+
+def test_yolo_normalized_rows_are_scaled_to_the_input_and_scores_clipped_to_one():
+    """A YOLO export with coordinates in [0, 1] of the input (normalized: true), whose INT8 scores were rounded past 1
+    (one output scale shared with the coordinates): boxes in input pixels, scores kept in [0, 1]."""
+    spec = TaskSpec.make("detection", {"predictions": "p"}, format="yolo", normalized=True)
+    rows = np.array([[[0.5, 0.25, 0.25, 0.125, 1.23, 1.0, 0.0]]], np.float32)  # cx, cy, w, h, obj, 2 classes
+    (d,) = decode(spec, [rows], ["p"], transform=Transform.identity(96, 128)).detections
+    np.testing.assert_allclose(d.box, (48.0, 18.0, 80.0, 30.0))
+    assert d.score == 1.0
+    pixels = TaskSpec.make("detection", {"predictions": "p"}, format="yolo")
+    (p,) = decode(pixels, [rows * np.array([128, 96, 128, 96, 1, 1, 1], np.float32)], ["p"],
+                  transform=Transform.identity(96, 128)).detections
+    np.testing.assert_allclose(p.box, d.box, atol=1e-4)
+    with pytest.raises(InputError, match="normalized"):
+        decode(spec, [rows], ["p"])
