@@ -1,6 +1,6 @@
 """The reference decoder of the shapes detector's output, and the F1 it is judged by (numpy only).
 
-The model's one output ``predictions`` is [1, N, 4 + 1 + C] (YOLOv5 rows): cx, cy, w, h in model-input pixels,
+The model's one output ``predictions`` is [1, N, 4 + 1 + C] (YOLOv5 rows): cx, cy, w, h in [0, 1] of the model input,
 objectness (sigmoid applied), then C class probabilities (softmax applied). A row's score is objectness times its
 best class probability; rows under ``score_threshold`` are dropped, then non-maximum suppression per class keeps
 the best of boxes overlapping by more than ``iou_threshold``.
@@ -32,9 +32,11 @@ class Detections:
 
 
 def decode(predictions: np.ndarray, score_threshold: float = SCORE_THRESHOLD, iou_threshold: float = IOU_THRESHOLD,
-           max_detections: int = MAX_DETECTIONS) -> Detections:
-    """One image's detections (boxes in model-input pixels) from the [1, N, 5 + C] output."""
-    rows = np.asarray(predictions, dtype=np.float32).reshape(-1, predictions.shape[-1])
+           max_detections: int = MAX_DETECTIONS, input_size: tuple[int, int] = (96, 96)) -> Detections:
+    """One image's detections (boxes in model-input pixels) from the [1, N, 5 + C] output, whose coordinates are in
+    [0, 1] of the ``input_size`` (height, width) input."""
+    rows = np.asarray(predictions, dtype=np.float32).reshape(-1, predictions.shape[-1]).copy()
+    rows[:, 0:4] *= np.array([input_size[1], input_size[0]] * 2, np.float32)
     probs = rows[:, 5:]
     classes = probs.argmax(axis=1)
     scores = rows[:, 4] * probs[np.arange(len(rows)), classes]

@@ -4,8 +4,10 @@
 
 A YOLO-style grid: a 96x96 RGB input (an original image letterboxed onto grey 114, values in [0, 1]) goes through
 three stride-2 convolutions to a 12x12 grid (stride 8) and two more 3x3 convolutions, each cell predicting one box. The box decoding is part of
-the graph, so the one output ``predictions`` [1, 144, 8] is already YOLOv5 rows: cx, cy, w, h in input pixels,
-objectness (sigmoid), and the probabilities of circle, square, triangle (softmax). Decode it with detect.py.
+the graph, so the one output ``predictions`` [1, 144, 8] is already YOLOv5 rows: cx, cy, w, h in [0, 1] of the
+input (normalized: in pixels, INT8 would quantize them with one scale shared by the probabilities of the same output,
+leaving those steps of ~0.38), objectness (sigmoid), and the probabilities of circle, square, triangle (softmax).
+Decode it with detect.py.
 
 Prints the float model's F1 at IoU 0.5 (score >= 0.5, NMS 0.45) on the validation images, in original pixels.
 """
@@ -66,7 +68,8 @@ class ShapesDetector(nn.Module):
         return torch.cat([xy, wh, obj, cls], dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.raw(x))
+        rows = self.decode(self.raw(x))  # pixels (the loss's unit); the output: [0, 1] of the input
+        return torch.cat([rows[..., 0:4] / self.input_size.repeat(2), rows[..., 4:]], dim=-1)
 
 
 def targets(samples, transforms) -> torch.Tensor:

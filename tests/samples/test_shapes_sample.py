@@ -88,7 +88,7 @@ def test_decoder_keeps_the_best_of_overlapping_boxes_per_class():
                       [52, 50, 20, 20, 0.9, 0.8, 0.1, 0.1],     # the same circle, lower: suppressed
                       [52, 50, 20, 20, 0.9, 0.1, 0.9, 0.0],     # a square on it: other class, kept
                       [10, 10, 8, 8, 0.6, 0.7, 0.2, 0.1]]],     # 0.42 < 0.5: dropped
-                    dtype=np.float32)
+                    dtype=np.float32) / np.array([96, 96, 96, 96, 1, 1, 1, 1], np.float32)  # [0, 1] of the input
     found = detect.decode(rows)
     np.testing.assert_allclose(found.scores, [0.81, 0.81], atol=1e-6)
     assert found.classes.tolist() == [0, 1]
