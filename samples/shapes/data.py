@@ -1,8 +1,10 @@
 """Synthetic shapes for the detection sample: coloured circles, squares and triangles on noise (numpy + Pillow only).
 
-    python samples/shapes/data.py OUT_DIR
+    python samples/shapes/data.py OUT_DIR [--hard SHARE]
 
-writes the data ``edgesdk quantize`` and ``edgesdk run`` read (see :func:`write_sets`).
+writes the data ``edgesdk quantize`` and ``edgesdk run`` read (see :func:`write_sets`). With ``--hard``, that share
+of the validation and demo images are *hard*: shapes in a colour close to the background's, under heavy noise, which
+the detector finds with scores in its uncertain band (what hybrid mode escalates; samples/shapes/hybrid.py).
 
 Every image is drawn from a seed, so the same seed gives the same pixels and boxes on every machine. Originals come
 in several sizes and aspect ratios (96x96, 128x128, 160x120, 120x160, 144x96, 100x150) so that the letterbox and
@@ -13,8 +15,9 @@ image's pixels (pixel edges: a shape covering columns 10..19 has x1 = 10, x2 = 2
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +30,19 @@ PAD_VALUE = 114  # letterbox border, in pixel units (114/255 after scaling)
 ORIGINAL_SIZES = [(96, 96), (128, 128), (160, 120), (120, 160), (144, 96), (100, 150)]  # (width, height)
 MIN_SIDE, MAX_SIDE = 12, 36  # shape size range in model-input pixels
 MAX_SHAPES = 4
+HARD_CONTRAST = (90.0, 150.0)  # a hard image's shapes differ from its background colour by this much (RGB distance)
+HARD_NOISE = (40.0, 60.0)  # ... under pixel noise of this standard deviation (an easy image's: 8)
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One generated image: ``pixels`` HxWx3 uint8, ``boxes`` [K, 4] float32 (x1, y1, x2, y2), ``classes`` [K]."""
+    """One generated image: ``pixels`` HxWx3 uint8, ``boxes`` [K, 4] float32 (x1, y1, x2, y2), ``classes`` [K];
+    ``hard`` when drawn faint under heavy noise."""
 
     pixels: np.ndarray
     boxes: np.ndarray
     classes: np.ndarray
+    hard: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,8 +75,11 @@ class Letterbox:
 
 # -- drawing -----------------------------------------------------------------------------------------------------
 
-def make_sample(rng: np.random.Generator, width: int, height: int) -> Sample:
-    """One image of ``width`` x ``height`` with 1..4 non-overlapping shapes on coloured noise."""
+def make_sample(rng: np.random.Generator, width: int, height: int, hard: bool = False) -> Sample:
+    """One image of ``width`` x ``height`` with 1..4 non-overlapping shapes on coloured noise. ``hard``: the shapes'
+    colours lie :data:`HARD_CONTRAST` from the background's and the image gets :data:`HARD_NOISE` (an easy image
+    draws the same random numbers as before this option existed: the same seed gives the same pixels)."""
+    contrast, grain = (rng.uniform(*HARD_CONTRAST), rng.uniform(*HARD_NOISE)) if hard else (None, 8.0)
     base = rng.integers(40, 216, size=3)
     noise = rng.normal(0.0, 40.0, size=(height, width, 3))
     image = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
@@ -87,13 +97,13 @@ def make_sample(rng: np.random.Generator, width: int, height: int) -> Sample:
         else:
             continue  # no room left for another shape
         kind = int(rng.integers(0, len(CLASSES)))
-        color = tuple(int(v) for v in _vivid(rng, base))
+        color = tuple(int(v) for v in (_vivid(rng, base) if contrast is None else _faint(rng, base, contrast)))
         _draw_shape(draw, kind, box, color)
         boxes.append([float(v) for v in box])
         classes.append(kind)
-    pixels = np.asarray(image, dtype=np.float32) + rng.normal(0.0, 8.0, size=(height, width, 3))
+    pixels = np.asarray(image, dtype=np.float32) + rng.normal(0.0, grain, size=(height, width, 3))
     return Sample(np.clip(pixels, 0, 255).astype(np.uint8), np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
-                  np.asarray(classes, dtype=np.int64))
+                  np.asarray(classes, dtype=np.int64), hard)
 
 
 def _apart(a: list[float], b: list[float], margin: int) -> bool:
@@ -108,6 +118,12 @@ def _vivid(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
             return color
 
 
+def _faint(rng: np.random.Generator, background: np.ndarray, contrast: float) -> np.ndarray:
+    """A colour ``contrast`` away from the background's mean colour in a random direction (clipped to 0..255)."""
+    direction = rng.normal(size=3)
+    return np.clip(background + direction / max(float(np.linalg.norm(direction)), 1e-6) * contrast, 0, 255)
+
+
 def _draw_shape(draw: ImageDraw.ImageDraw, kind: int, box: list[int], color: tuple[int, ...]) -> None:
     x1, y1, x2, y2 = box
     name = CLASSES[kind]
@@ -119,10 +135,14 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: int, box: list[int], color: tup
         draw.polygon([(x1, y2 - 1), (x2 - 1, y2 - 1), ((x1 + x2 - 1) / 2, y1)], fill=color)
 
 
-def make_set(count: int, seed: int) -> list[Sample]:
-    """``count`` images from ``seed``, cycling through :data:`ORIGINAL_SIZES`."""
+def make_set(count: int, seed: int, hard: float = 0.0) -> list[Sample]:
+    """``count`` images from ``seed``, cycling through :data:`ORIGINAL_SIZES`; a ``hard`` share of them (0..1,
+    spread evenly: 0.5 makes every second one hard) are :func:`make_sample`'s hard images."""
+    if not 0.0 <= hard <= 1.0:
+        raise ValueError(f"hard is a share of the images, in [0, 1]; got {hard}")
     rng = np.random.default_rng(seed)
-    return [make_sample(rng, *ORIGINAL_SIZES[i % len(ORIGINAL_SIZES)]) for i in range(count)]
+    return [make_sample(rng, *ORIGINAL_SIZES[i % len(ORIGINAL_SIZES)],
+                        hard=math.floor((i + 1) * hard) > math.floor(i * hard)) for i in range(count)]
 
 
 # -- letterbox ---------------------------------------------------------------------------------------------------
@@ -162,13 +182,14 @@ def input_batch(samples: list[Sample]) -> tuple[np.ndarray, list[Letterbox]]:
 CALIB_SEED, VAL_SEED, DEMO_SEED = 1, 2, 3
 
 
-def write_sets(out: Path, calib: int = 200, val: int = 100, demo: int = 6) -> Path:
-    """Write what quantize, validation and the demo read, from fixed seeds (different from training's):
+def write_sets(out: Path, calib: int = 200, val: int = 100, demo: int = 6, hard: float = 0.0) -> Path:
+    """Write what quantize, validation and the demo read, from fixed seeds (different from training's); a ``hard``
+    share of the validation and demo images are hard (:func:`make_set`), the calibration images never:
 
     - ``calib/*.png``: original images (several sizes), the image-folder form of ``--calib``, for a preprocess
       spec that letterboxes; ``calib.npz``: the same images already letterboxed, ``x`` [N, 3, 96, 96] float32;
     - ``val/*.png`` and ``val.json`` (labels: per file its size and ground-truth ``boxes`` x1, y1, x2, y2 in the
-      original image's pixels with ``classes`` indices into ``names``); ``val.npz``: ``x`` letterboxed inputs,
+      original image's pixels with ``classes`` indices into ``names``, and whether it is ``hard``); ``val.npz``: ``x`` letterboxed inputs,
       ``boxes`` [N, 4, 4] in model-input pixels and ``classes`` [N, 4] (rows past an image's shapes are -1);
     - ``demo/*.png``: a few images to run and draw; ``labels.txt``: the class names, one a line (``--labels``).
     """
@@ -178,13 +199,13 @@ def write_sets(out: Path, calib: int = 200, val: int = 100, demo: int = 6) -> Pa
     for name, count, seed in (("calib", calib, CALIB_SEED), ("val", val, VAL_SEED), ("demo", demo, DEMO_SEED)):
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        samples = make_set(count, seed)
+        samples = make_set(count, seed, hard=0.0 if name == "calib" else hard)
         labels = {}
         for i, s in enumerate(samples):
             file = f"{name}_{i:04d}.png"
             Image.fromarray(s.pixels).save(folder / file)
             labels[file] = {"size": [int(s.pixels.shape[1]), int(s.pixels.shape[0])], "boxes": s.boxes.tolist(),
-                            "classes": s.classes.tolist()}
+                            "classes": s.classes.tolist(), "hard": s.hard}
         if name == "demo":
             continue
         x, transforms = input_batch(samples)
@@ -202,6 +223,11 @@ def write_sets(out: Path, calib: int = 200, val: int = 100, demo: int = 6) -> Pa
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    print(write_sets(Path(sys.argv[1])))
+    parser = argparse.ArgumentParser(description="Write the shapes sample's calibration, validation and demo images.")
+    parser.add_argument("out", type=Path, help="the folder to write (made if missing)")
+    parser.add_argument("--hard", type=float, default=0.0, metavar="SHARE",
+                        help="share of the validation and demo images drawn faint under heavy noise (default 0)")
+    args = parser.parse_args()
+    if not 0.0 <= args.hard <= 1.0:
+        parser.error(f"--hard is a share in [0, 1], got {args.hard}")
+    print(write_sets(args.out, hard=args.hard))
