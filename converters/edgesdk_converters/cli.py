@@ -1,4 +1,5 @@
-"""The workstation's ``edgesdk`` commands: ``quantize``, ``demo``, ``calibrate-escalation``.
+"""The workstation's ``edgesdk`` commands: ``quantize``, ``demo`` (the samples, :mod:`.demo`),
+``calibrate-escalation``.
 
 The ``edgesdk`` command finds this module through the ``edgesdk.cli`` entry point of this distribution
 (``edgesdk-converters``) and imports it only to run or list one of its commands. It imports the converters
@@ -7,7 +8,6 @@ The ``edgesdk`` command finds this module through the ``edgesdk.cli`` entry poin
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -17,8 +17,6 @@ import typer
 from edgesdk.errors import ConversionError, TargetsFailed
 
 app = typer.Typer(help="The workstation: quantize a float model into a validated bundle.")
-
-REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout: converters/edgesdk_converters/cli.py
 
 
 def _targets(value: Optional[str]) -> Optional[List[str]]:
@@ -211,28 +209,21 @@ def quantize(
 
 @app.command()
 def demo(
-    workdir: Path = typer.Option(Path("build/demo"), "--workdir", help="Where the digits images and bundle go."),
+    workdir: Path = typer.Option(Path("build/demo"), "--workdir", help="Where the samples' images and bundles go."),
+    sample: str = typer.Option("all", "--sample", help="digits (a classifier), shapes (a detector: boxes drawn on "
+                               "its demo images) or all, in that order."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
-    """Quantize the bundled digits sample to all three targets, offline, and print the validation table."""
-    sample = REPO_ROOT / "samples" / "digits"
-    if not (sample / "digits.pt2").is_file():
-        raise typer.BadParameter(f"the digits sample is not at {sample}; run the demo from a checkout of edgesdk")
-    images = workdir / "digits-images"
-    if not (images / "val").is_dir():
-        print(f"exporting scikit-learn's digits to {images}", file=sys.stderr)
-        done = subprocess.run([sys.executable, str(sample / "export_images.py"), str(images)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ConversionError(f"exporting the digits images failed (needs scikit-learn: pip install "
-                                  f"'edgesdk[dev]'):\n{done.stderr.strip()[-2000:]}")
-    run_quantize = _converters()
-    result = run_quantize(
-        sample / "digits.pt2", images / "train", workdir / "digits.bundle", val=images / "val",
-        preprocess=sample / "preprocess.toml", overwrite=True, progress=not quiet, max_drop=0.5,
-    )
-    print(result.table())
-    print(f"\nbundle written to {result.bundle} (inspect it: edgesdk inspect {result.bundle})")
+    """Quantize the bundled samples to all three targets, offline, and print their validation tables: the digits
+    classifier, then the shapes detector, whose demo images are predicted and drawn with their boxes."""
+    from .demo import SAMPLES
+
+    if sample != "all" and sample not in SAMPLES:
+        raise typer.BadParameter(f"{sample!r}: choose {', '.join(SAMPLES)} or all", param_hint="--sample")
+    _converters()  # the workstation's packages are there, or the fix is named before any work
+    from .demo import run_demo
+
+    run_demo(workdir, sample, quiet)
 
 
 @app.command("calibrate-escalation")

@@ -2,8 +2,8 @@
 
     make demo-hybrid            # or: .venv/bin/python samples/digits/hybrid.py [--cloud-venv .venv-cloud]
 
-1. Builds what is missing: the device bundle (``edgesdk demo``: digits.pt2 -> INT8) and the cloud bundle
-   (digits_cloud.onnx, an ensemble of wider CNNs, see train_cloud.py, quantized for ONNX Runtime; its float
+1. Builds what is missing: the device bundle (``edgesdk demo --sample digits``: digits.pt2 -> INT8) and the cloud
+   bundle (digits_cloud.onnx, an ensemble of wider CNNs, see train_cloud.py, quantized for ONNX Runtime; its float
    artifact is what the cloud serves). Both are named ``digits``, take the same input ``x`` and answer the same
    output ``output_0`` (hybrid mode checks the cloud's answer against the device bundle's outputs).
 2. Serves the cloud bundle with ``edgesdk serve`` (KServe's ModelServer, from the cloud venv) on loopback.
@@ -46,7 +46,7 @@ def ensure_bundles(edgesdk_cli: str) -> tuple[Path, Path]:
     WORK.mkdir(parents=True, exist_ok=True)
     manifest = device / "manifest.json"
     if not manifest.is_file() or "input_ranges" not in manifest.read_text():
-        run(edgesdk_cli, "demo", "--workdir", str(WORK), "-q")
+        run(edgesdk_cli, "demo", "--sample", "digits", "--workdir", str(WORK), "-q")
     if not (cloud / "manifest.json").is_file():
         run(edgesdk_cli, "quantize", str(HERE / "digits_cloud.onnx"), "--calib", str(WORK / "digits-images/train"),
             "--val", str(WORK / "digits-images/val"), "--preprocess", str(HERE / "preprocess.toml"),
