@@ -6,13 +6,13 @@ default targets, one row per route (target) its source could take.
 
 For each route: built (fp32 + INT8 artifacts written and loaded), refused up front (the reason quantize logged
 before reading any data), or failed (the first line of the error the manifest's build section keeps). For a built
-route, the INT8 artifact against float as the bundle's validation table gives it (cosine, max|err|, top-1
-agreement of the outputs, the gate's verdict) and its p50 latency at batch 1 beside the float artifact's, measured
-by quantize's validation on this machine. The data are made here (rendered text, drawn faces, tone bursts in
-noise: tests/zoo.py), so the numbers say whether a route works and how far INT8 moves the outputs, not task
-accuracy; the top-1 gate is opened (max_drop=100: arg-max agreement means nothing for maps, boxes and
-states; issue 17 brings task gates) while the INT8 error cap stays the default (10% of each output's range, per
-output), so the gate column says what a device would serve.
+route, the INT8 artifact against float as the bundle's validation table gives it: its task's metric (tests/zoo.py
+TASKS: mask IoU for the text detector, exact-string agreement for the recognizer, box F1 for BlazeFace, p95 point
+error for the face mesh, relative MAE for Silero's speech probability, top-1 for the angle classifier), cosine,
+max|err|, the gate's verdict with the default gates (the task's, the dead-output check, the caps where they gate)
+and why it failed, and its p50 latency at batch 1 beside the float artifact's, measured by quantize's validation on
+this machine. The data are made here (rendered text, drawn faces, tone bursts in noise: tests/zoo.py), so the
+numbers say how far INT8 moves each model's answer from float's on such inputs, not its accuracy on real ones.
 Prints a plain table as each model finishes, then the whole table as markdown with the CPU and the date.
 """
 
@@ -41,7 +41,7 @@ ABOUT = {
     "face_landmark": "Face landmark (MediaPipe .tflite, no signature)",
     "silero_vad": "Silero VAD v6 (ONNX: 3 inputs, int64 sr, state, If)",
 }
-HEAD = ("model", "input", "route", "built?", "int8 cosine", "int8 max|err|", "int8 agree", "gate",
+HEAD = ("model", "input", "route", "built?", "int8 metric", "int8 cosine", "int8 max|err|", "gate",
         "p50 fp32 ms", "p50 int8 ms", "int8/fp32")
 
 
@@ -62,7 +62,7 @@ def run_model(key: str, samples: int, val: int, work: Path) -> tuple[list[tuple[
     crashed = None
     start = time.perf_counter()
     try:
-        quantize(source, work / f"{key}.npz", bundle, samples=samples, max_drop=100.0,
+        quantize(source, work / f"{key}.npz", bundle, samples=samples,
                  progress=False, log=said.append, **zoo.quantize_options(key, "full"))
     except TargetsFailed as exc:
         failed, bundle = dict(exc.failed), (Path(exc.bundle) if exc.bundle else None)
@@ -93,12 +93,35 @@ def run_model(key: str, samples: int, val: int, work: Path) -> tuple[list[tuple[
         if int8 is None:
             rows.append((key, size, route, built) + ("-",) * (len(HEAD) - 4))
             continue
-        agree = int8.get("top1_agreement", int8.get("golden_agreement"))
-        rows.append((key, size, route, built, _num(int8.get("cosine_similarity"), ".4f"),
-                     _num(int8.get("max_abs_error"), ".3g"), "-" if agree is None else f"{100 * agree:.1f}%",
-                     "passed" if int8.get("passed") else "FAILED", _num((fp32 or {}).get("latency_ms"), ".3f"),
+        rows.append((key, size, route, built, _metric(int8), _num(int8.get("cosine_similarity"), ".4f"),
+                     _num(int8.get("max_abs_error"), ".3g"), "passed" if int8.get("passed") else _why(int8),
+                     _num((fp32 or {}).get("latency_ms"), ".3f"),
                      _num(int8.get("latency_ms"), ".3f"), _num(int8.get("latency_ratio"), ".2f")))
     return rows, seconds
+
+
+def _metric(entry: dict) -> str:
+    """The task's metric and its value ("mask_iou 0.941", "p95_point_error_px 1.9")."""
+    name, value = entry.get("metric"), entry.get("metric_value")
+    if name is None or value is None:
+        agree = entry.get("top1_agreement")
+        return "-" if agree is None else f"top1 {100 * agree:.1f}%"
+    return f"{name} {value:.3g}"
+
+
+def _why(entry: dict) -> str:
+    """FAILED and the reasons: the task's gate, dead outputs, the error cap, a task's own failure."""
+    reasons = []
+    limit, drop = entry.get("max_drop"), entry.get("drop")
+    if isinstance(limit, (int, float)) and isinstance(drop, (int, float)) and drop > limit:
+        reasons.append(f"drop {drop:.3g} > {limit:g} {entry.get('drop_unit') or 'points'}")
+    if entry.get("dead_output"):
+        reasons.append("dead output " + ", ".join(entry["dead_output"]))
+    if entry.get("max_abs_error_cap_exceeded"):
+        reasons.append("over the error cap")
+    if entry.get("task_failure"):
+        reasons.append(str(entry["task_failure"]).split(":")[0])
+    return "FAILED (" + "; ".join(reasons or ["see inspect"]) + ")"
 
 
 def _num(value, fmt: str) -> str:

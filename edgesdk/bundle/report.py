@@ -199,7 +199,15 @@ def summary(manifest: dict[str, Any]) -> str:
             lines.append(f"{key[:-1]}: {t.get('name')} {t.get('dtype')} {t.get('shape')}")
     if manifest.get("preprocess"):
         lines.append(f"preprocess: {manifest['preprocess']}")
-    if manifest.get("postprocess"):
+    task = manifest.get("task")
+    if isinstance(task, dict):
+        roles = ", ".join(f"{role} = {name}" for role, name in (task.get("outputs") or {}).items())
+        params = {k: v for k, v in task.items() if k not in ("type", "outputs", "charset")}
+        charset = f", charset of {len(task['charset'])}" if isinstance(task.get("charset"), list) else ""
+        lines.append(f"task: {task.get('type')}{' (' + roles + ')' if roles else ''}{charset}")
+        if params:
+            lines.append(f"  decoding: {params}")
+    elif manifest.get("postprocess"):
         lines.append(f"postprocess: {manifest['postprocess']}")
     labels = manifest.get("labels")
     if labels:

@@ -31,6 +31,7 @@ raw             (none)                                      (none)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -99,11 +100,16 @@ def _scales(key: str, value: Any) -> tuple[float, ...]:
     return values
 
 
+# what draws on a terminal instead of showing: C0/C1 controls, line and paragraph separators, bidi overrides and
+# isolates, lone surrogates (a charset may hold other unprintables: PP-OCR's has the ideographic space U+3000)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def _charset(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value or len(value) > MAX_CHARSET \
-            or not all(isinstance(c, str) and c and c.isprintable() for c in value):
-        raise InputError(f"task {key!r} must be a list of 1 to {MAX_CHARSET} non-empty printable strings "
-                         f"(one per class after the blank)")
+            or not all(isinstance(c, str) and c and len(c) <= 64 and not _CONTROL.search(c) for c in value):
+        raise InputError(f"task {key!r} must be a list of 1 to {MAX_CHARSET} non-empty strings of at most 64 "
+                         f"characters without control characters or line breaks (one per class after the blank)")
     return tuple(value)
 
 
@@ -151,6 +157,10 @@ _TYPES: dict[TaskType, tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple[A
     TaskType.EMBEDDING: (("embedding",), (), {"normalize": (True, _BOOL)}),
     TaskType.RAW: ((), (), {}),
 }
+# the detection parameters each format reads (the others are kept out of the manifest's table)
+DETECTION_PARAMS = {"anchors": ("anchors", "box_scale", "box_order", "keypoints", "score_activation"),
+                    "yolo": ("layout", "objectness", "score_activation", "normalized"),
+                    "boxes": ("box_format", "normalized", "score_activation")}
 # detection roles each format needs
 DETECTION_ROLES = {"anchors": ("boxes", "scores"), "yolo": ("predictions",), "boxes": ("boxes", "scores")}
 
@@ -252,6 +262,10 @@ class TaskSpec:
     def to_dict(self) -> dict[str, Any]:
         """The manifest table: type, outputs and every parameter (defaults included, so a reader needs none)."""
         params = {k: list(v) if isinstance(v, tuple) else thaw(v) for k, v in self.params.items() if v is not None}
+        if self.type is TaskType.DETECTION:
+            unread = {k for fmt, keys in DETECTION_PARAMS.items() for k in keys} - set(
+                DETECTION_PARAMS[self.params["format"]])
+            params = {k: v for k, v in params.items() if k not in unread}
         return {"type": self.type.value, "outputs": dict(self.outputs), **params}
 
 
