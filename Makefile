@@ -1,4 +1,4 @@
-# The two commands: `make demo` (set up, then quantize the digits sample) and `make test`.
+# The two commands: `make demo` (set up, then quantize the digits and shapes samples) and `make test`.
 # Everything installs into .venv (and the cloud server into .venv-cloud); nothing is needed beforehand but python3 (>= 3.10).
 # Three distributions, one per side: edgesdk (pyproject.toml, the device), edgesdk-converters (converters/, the
 # workstation) and edgesdk-cloud (cloud/); each venv installs the device package and the sides it needs.
@@ -47,9 +47,11 @@ $(DEVICE_VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/edgesdk demo
 
-# The cloud half of the demo: the device bundle's hard inputs go to a larger model served by `edgesdk serve`.
+# The cloud half of the demo: the device bundle's hard inputs go to a model served by `edgesdk serve`: the digits
+# classifier's to a larger one, then the shapes detector's to its own float artifact.
 demo-hybrid: setup setup-cloud
 	$(PY) samples/digits/hybrid.py --cloud-venv "$(abspath $(CLOUD_VENV))"
+	$(PY) samples/shapes/hybrid.py --cloud-venv "$(abspath $(CLOUD_VENV))"
 
 # The INT8 tests also run each engine as on the lowest x86 class (AVX2, no AVX-512, no VNNI): ONNX Runtime and
 # XNNPACK under qemu user-mode emulation (tests/isa.py), OpenVINO with ONEDNN_MAX_CPU_ISA. On an x86-64 Debian/Ubuntu
