@@ -190,7 +190,8 @@ def write_sets(out: Path, calib: int = 200, val: int = 100, demo: int = 6, hard:
       spec that letterboxes; ``calib.npz``: the same images already letterboxed, ``x`` [N, 3, 96, 96] float32;
     - ``val/*.png`` and ``val.json`` (labels: per file its size and ground-truth ``boxes`` x1, y1, x2, y2 in the
       original image's pixels with ``classes`` indices into ``names``, and whether it is ``hard``); ``val.npz``:
-      ``x`` letterboxed inputs, ``boxes`` [N, 4, 4] in model-input pixels and ``classes`` [N, 4] (rows past an image's shapes are -1);
+      ``x`` letterboxed inputs, ``boxes`` [N, 4, 4] in model-input pixels and ``classes`` [N, 4] (rows past an
+      image's shapes are -1);
     - ``demo/*.png``: a few images to run and draw; ``labels.txt``: the class names, one a line (``--labels``).
     """
     out = Path(out)
