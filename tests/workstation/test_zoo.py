@@ -6,8 +6,10 @@ as failed (the manifest's build section) or refused up front (the log) with its 
 never loses the others. The models: PP-OCRv4's text detector and recognizer and PP-OCR's angle classifier (Paddle
 exports, opsets 12/12/11, dynamic H/W), MediaPipe's BlazeFace and face landmark models (.tflite without a
 SignatureDef) and Silero VAD (three inputs, an int64 scalar ``sr``, a recurrent state, an ``If`` on ``sr``).
-The data exercise the routes, not accuracy, so the gates are opened (max_drop=100, max_error_cap=1.0; the
-task-aware gate is issue 17). ``make conformance`` (benchmarks/conformance.py) runs the same zoo at full size.
+Each model is quantized with its task (tests/zoo.py TASKS) and the default gates, so its validation judges it as
+that task (issue 17): mask IoU for the text detector, exact strings for the recognizer, boxes and scores for BlazeFace,
+point error for the face mesh, the dead-output check for Silero. An artifact failing its gate stays in the bundle
+(``passed: false``). ``make conformance`` (benchmarks/conformance.py) runs the same zoo at full size.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from edgesdk.runtime.numerics import golden_feeds
 from support import quantize
 
 CALIB, VAL = 8, 4  # samples: small on purpose (the whole zoo takes ~4 min on 2 cores)
+# Silero's speech probability on 4 chunks of made-up audio barely moves (one INT8 step: nothing to judge a flattened
+# output by); 16 chunks hold tone bursts that move it, so the dead-output check has a spread to compare with
+VAL_OF = {"silero_vad": 16}
 EDGESDK = str(Path(sys.executable).with_name("edgesdk"))
 
 
@@ -56,16 +61,16 @@ def run(request, tmp_path_factory) -> ZooRun:
     key = request.param
     source = zoo.model(key)
     work = tmp_path_factory.mktemp(key)
-    np.savez(work / "data.npz", **zoo.calibration(key, CALIB + VAL, "small"))
+    np.savez(work / "data.npz", **zoo.calibration(key, CALIB + VAL_OF.get(key, VAL), "small"))
     done = ZooRun(key, _routes(source), work / f"{key}.bundle")
     try:
-        quantize(source, work / "data.npz", done.bundle, samples=CALIB, max_drop=100.0, max_error_cap=1.0,
-                 log=done.said.append, **zoo.quantize_options(key, "small"))
+        quantize(source, work / "data.npz", done.bundle, samples=CALIB, log=done.said.append,
+                 **zoo.quantize_options(key, "small"))
     except TargetsFailed as exc:
         done.failed = dict(exc.failed)
         done.bundle = Path(exc.bundle) if exc.bundle else None
     except ValidationFailed:
-        pass  # an INT8 artifact off its float reference on made-up data: recorded in the manifest, not our concern
+        pass  # an artifact that fails its task's gate: recorded in the manifest (the tests below read it)
     return done
 
 
@@ -133,7 +138,10 @@ def test_bench_single_stream_measures_one_built_backend(run):
     if run.bundle is None:
         pytest.skip(f"{run.key}: nothing built")
     ids = [a["id"] for a in run.manifest["artifacts"]]
-    artifact = next((a for a in ids if a.endswith("-int8")), ids[0])
+    # an INT8 artifact that passed its gate, else a float one: one that failed is refused by the device's numerics
+    # check (its golden tolerance stays capped where it was validated), whatever --allow-failed says
+    passed = [a for a in ids if run.manifest["validation"][a].get("passed")]
+    artifact = next((a for a in passed if a.endswith("-int8")), next((a for a in ids if a.endswith("-fp32")), ids[0]))
     engine = next(a["engine"] for a in run.manifest["artifacts"] if a["id"] == artifact)
     done = subprocess.run([EDGESDK, "bench", str(run.bundle), "--scenario", "single-stream", "--duration", "2",
                            "--backend", f"{engine}:cpu:{artifact}", "--no-cold-start", "--allow-failed", "--json",
@@ -180,3 +188,88 @@ def test_silero_streams_like_onnxruntime_carrying_the_state(run):
             got = np.array([float(stream.predict({"input": c, "sr": 16000} if i % 2 else {"input": c})
                                   .outputs[0].reshape(-1)[0]) for i, c in enumerate(chunks)])  # sr given or filled
         assert np.abs(got - want).max() <= 1e-4, artifact
+
+
+# -- issue 17: each model validated as its task ----------------------------------------------------------------------
+
+def _entries(run) -> dict[str, dict]:
+    return {a["id"]: run.manifest["validation"][a["id"]] for a in run.manifest["artifacts"]}
+
+
+def _pooled_mask_iou(run, artifact: str, images: np.ndarray, threshold: float) -> float:
+    """Independent of edgesdk's validation: the float source in ONNX Runtime and the artifact (through edgesdk.load)
+    on the same images, masks prob > threshold, IoU pooled over the set."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(zoo.model(run.key)), providers=["CPUExecutionProvider"])
+    inter = union = 0
+    with edgesdk.load(run.bundle, artifact=artifact, allow_failed=True) as model:
+        for image in images:
+            want = session.run(None, {"x": image[None]})[0] > threshold
+            got = model.predict(image[None]).outputs[0] > threshold
+            inter += int(np.count_nonzero(want & got))
+            union += int(np.count_nonzero(want | got))
+    return inter / union if union else 1.0
+
+
+@pytest.mark.parametrize("run", ["ppocr_det"], indirect=True)
+def test_ppocr_detector_is_judged_by_mask_iou(run):
+    """The false fail of issue 17: INT8 text maps that overlap float's were failed on the arg-max pixel. Now the
+    gate is the pooled mask IoU (prob > 0.3, rapidocr's threshold), checked against an independent computation, and
+    the float artifacts pass. OpenVINO INT8 is at 0.94-0.96 here; ONNX Runtime INT8 was measured at 0.86-0.88 on this
+    data with this quantizer, under the default gate of IoU 0.9: whichever side of it it falls, the verdict follows
+    the IoU."""
+    entries = _entries(run)
+    assert run.manifest["task"]["type"] == "segmentation"
+    for aid, entry in entries.items():
+        assert entry["metric"] == "mask_iou", (aid, entry)
+        assert entry["passed"] is (entry["metric_value"] >= 0.9 - 1e-9 and not entry.get("dead_output")), (aid, entry)
+        if aid.endswith("-fp32"):
+            assert entry["passed"] and entry["metric_value"] > 0.99, (aid, entry)
+    assert entries["openvino-int8"]["passed"] and entries["openvino-int8"]["metric_value"] >= 0.9
+    images = zoo.calibration("ppocr_det", 12, "small", seed=1)["x"]
+    for aid in ("openvino-int8", "onnxruntime-int8"):
+        independent = _pooled_mask_iou(run, aid, images, 0.3)
+        assert abs(independent - entries[aid]["metric_value"]) < 0.05, (aid, independent, entries[aid]["metric_value"])
+    assert _pooled_mask_iou(run, "openvino-int8", images, 0.3) >= 0.9
+
+
+@pytest.mark.parametrize("run", ["ppocr_rec"], indirect=True)
+def test_ppocr_recognizer_reports_exact_string_agreement(run):
+    """Not "0% top-1": each artifact's share of strings read exactly as its float reference reads them, and the CER.
+    The charset came from the model's ONNX metadata (6,623 characters and the space PaddleOCR appends)."""
+    task = run.manifest["task"]
+    assert task["type"] == "text" and len(task["charset"]) == 6624 and task["charset"][-1] == " "
+    for aid, entry in _entries(run).items():
+        assert entry["metric"] == "exact_string_agreement", (aid, entry)
+        assert 0.0 <= entry["metric_value"] <= 1.0 and "cer" in entry["details"], (aid, entry)
+        if aid.endswith("-fp32"):
+            assert entry["metric_value"] == 1.0 and entry["passed"], (aid, entry)
+    table = subprocess.run([EDGESDK, "inspect", str(run.bundle)], capture_output=True, text=True, timeout=120).stdout
+    assert "exact_string_agreement" in table, table
+
+
+@pytest.mark.parametrize("run", ["blazeface"], indirect=True)
+def test_blazeface_reports_box_and_score_agreement(run):
+    """The blind gate of issue 17 looked at the box regressors only: now the decoded faces (boxes from the anchors,
+    sigmoid scores) are compared, with box F1 at IoU 0.5, the matched boxes' IoU and score error."""
+    assert run.manifest["task"]["type"] == "detection"
+    for aid, entry in _entries(run).items():
+        details = entry["details"]
+        assert entry["metric"] == "box_f1" and {"score_error", "box_iou", "recall", "precision"} <= set(details), entry
+        if aid.endswith("-fp32"):
+            assert entry["metric_value"] == 1.0 and entry["passed"], (aid, entry)
+
+
+@pytest.mark.parametrize("run", ["silero_vad"], indirect=True)
+def test_silero_constant_int8_fails_with_the_dead_output_reason(run):
+    """The false pass of issue 17: OpenVINO INT8 answers one constant speech probability (its LSTM state pinned at
+    the state quantizer's low bound); it fails naming the dead output, and the float artifacts pass."""
+    entries = _entries(run)
+    assert run.manifest["task"]["type"] == "probability"
+    ov = entries["openvino-int8"]
+    assert ov["passed"] is False and ov["dead_output"] == ["output"], ov
+    assert ov["output_std"][0] < 0.25 * ov["reference_output_std"][0]
+    assert all(entries[a]["passed"] for a in entries if a.endswith("-fp32"))
+    done = subprocess.run([EDGESDK, "inspect", str(run.bundle)], capture_output=True, text=True, timeout=120)
+    assert "openvino-int8 output 'output' barely varies" in done.stdout, done.stdout
