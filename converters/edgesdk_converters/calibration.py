@@ -5,15 +5,17 @@ Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
 - an image folder, flat or with one sub-folder per class (folder names are the labels);
   images go through the bundle's :class:`~edgesdk.bundle.preprocess.Preprocess`;
 - a ``.npy`` array of preprocessed inputs, shape ``(N, *input_shape[1:])``;
-- a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels);
+- a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels), or the ground truth of a detection,
+  segmentation or text task (``boxes`` and ``classes``, ``masks``, ``texts``: :mod:`.task_truth`);
 - a ``.npz`` keyed by input name, one array per input whose first axis is the sample (``state`` of shape
   ``[2, 1, 128]`` as ``(N, 2, 1, 128)``, a scalar input as ``(N,)``; an input whose first dimension is the batch may
-  leave it out: ``(N, 512)`` for ``[1, 512]``), with optional ``y``; or a folder of such ``.npz`` files;
+  leave it out: ``(N, 512)`` for ``[1, 512]``), with optional ``y`` or truth; or a folder of such ``.npz`` files;
 - any iterable of arrays (one input each) or of ``{input_name: array}`` dicts.
 
 Every sample comes out as one array per model input, in input order, of the input's own shape and dtype (int64,
 int32, bool, float16 kept: integer inputs must hold integers). Samples are loaded lazily (an image is decoded only
-when drawn), so a large folder costs only what is used.
+when drawn), so a large folder costs only what is used; so is the truth. Image folders carry class labels (their
+sub-folders) and no other truth.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
 from edgesdk.bundle.preprocess import IMAGE_SUFFIXES, Preprocess
 
+from .task_truth import TRUTH_KEYS, Truths, join_truths, read_truth
+
 
 @dataclass
 class Dataset:
-    """Indexed samples; ``load(i)`` returns the model inputs of sample ``i`` in input order."""
+    """Indexed samples; ``load(i)`` returns the model inputs of sample ``i`` in input order, ``truth.load(i)`` its
+    ground truth when the data carry a task's (boxes, masks or texts; ``labels``: class labels)."""
 
     loaders: list[Callable[[], list[np.ndarray]]]
     labels: np.ndarray | None
@@ -42,6 +47,7 @@ class Dataset:
     names: list[str]  # a short name of each sample, used in error messages
     inputs: list[TensorSpec] | None = None  # set by read_dataset: every loaded sample is checked against it
     what: str = "calibration"
+    truth: Truths | None = None
 
     def __len__(self) -> int:
         return len(self.loaders)
@@ -63,6 +69,7 @@ class Dataset:
             [self.names[i] for i in indices],
             self.inputs,
             self.what,
+            None if self.truth is None else self.truth.subset(indices),
         )
 
 
@@ -113,7 +120,8 @@ def _np_load(path: Path, what: str):
 
 
 def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
-    """A ``.npz`` with ``x`` (one input, samples on the first axis) or one array per input name; ``y``: labels."""
+    """A ``.npz`` with ``x`` (one input, samples on the first axis) or one array per input name; ``y``: labels;
+    :data:`~.task_truth.TRUTH_KEYS`: a task's ground truth."""
     npz = _np_load(path, what)
     if not isinstance(npz, np.lib.npyio.NpzFile):
         raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays: x (and "
@@ -132,6 +140,7 @@ def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
         try:
             arrays = [npz[n] for n in wanted]
             y = npz["y"] if "y" in npz.files else None
+            found = {k: npz[k] for k in TRUTH_KEYS if k in npz.files and k not in wanted}
         except (OSError, ValueError) as exc:
             raise CalibrationError(f"{what} file {path}: {exc}") from exc
     if not keyed:
@@ -139,7 +148,9 @@ def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
         if len(inputs) == 1 and x.ndim == len(inputs[0].shape) + 1 and x.ndim > 1 and x.shape[1] == 1:
             x = x[:, 0]  # samples given whole, batch axis included ([n, 1, ...]): the sample axis is the first
         _check_labels(y, len(x), path, what)
-        return _from_array(x, y, str(path), what)
+        ds = _from_array(x, y, str(path), what)
+        ds.truth = read_truth(found, len(x), f"{what} file {path}")
+        return ds
     counts = {n: (a.shape[0] if a.ndim else None) for n, a in zip(names, arrays)}
     if len(set(counts.values())) != 1 or None in counts.values():
         shown = ", ".join(f"{n} {list(a.shape)}" for n, a in zip(names, arrays))
@@ -151,7 +162,8 @@ def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
         if a.dtype.kind not in "biuf":
             raise CalibrationError(f"{what} file {path}: input {n!r} must be numeric, got {a.dtype}")
     loaders = [(lambda i=i: [a[i] for a in arrays]) for i in range(count)]
-    return Dataset(loaders, y, None, str(path), [f"{path}[{i}]" for i in range(count)])
+    return Dataset(loaders, y, None, str(path), [f"{path}[{i}]" for i in range(count)],
+                   truth=read_truth(found, count, f"{what} file {path}"))
 
 
 def _check_labels(y: np.ndarray | None, count: int, path: Path, what: str) -> None:
@@ -176,8 +188,9 @@ def _read_npz_folder(root: Path, inputs: list[TensorSpec], what: str) -> Dataset
         raise CalibrationError(f"{what} folder {root}: some .npz files have labels 'y' and others not "
                                f"({', '.join(p.name for p, has in zip(files, labelled) if not has)[:200]} lack them)")
     labels = np.concatenate([p.labels for p in parts]) if all(labelled) else None
+    truth = join_truths([p.truth for p in parts], f"{what} folder {root}", [p.name for p in files])
     return Dataset([f for p in parts for f in p.loaders], labels, None,
-                   f"{root} ({len(files)} .npz files)", [n for p in parts for n in p.names])
+                   f"{root} ({len(files)} .npz files)", [n for p in parts for n in p.names], truth=truth)
 
 
 def _from_array(x: np.ndarray, y: np.ndarray | None, origin: str, what: str) -> Dataset:
