@@ -9,6 +9,10 @@ the validation set. Each artifact gets one entry in the manifest's ``validation`
 - the task's own metric on decoded outputs (:mod:`.task_metrics`): ``task``, ``metric``, ``metric_value``,
   ``reference_metric_value`` (with labels), ``drop`` in ``drop_unit`` against ``max_drop`` (None: the task's
   default), ``details`` (the task's numbers); or a user's plug-in metric (:mod:`.metric_plugin`) in its place;
+- with ground truth of the task's kind (detection boxes, segmentation masks, texts: :mod:`.task_truth`), an INT8
+  artifact is gated by its drop on the truth against its float reference's (``map50``, ``miou``,
+  ``text_accuracy``), the agreement numbers kept in ``details``; every artifact's truth scores are in
+  ``details["truth"]`` and ``details["reference_truth"]`` (a float artifact stays judged by agreement);
 - the dead-output check every task runs: an output that varies far less than its reference's over the set fails
   the artifact (``dead_output``: their names; ``output_std`` / ``reference_output_std``);
 - ``passed``.
@@ -38,6 +42,7 @@ from .output_errors import output_caps
 from .targets import Built
 from .output_spread import OutputSpread, dead_outputs
 from .task_metrics import TaskMetric, metric_for
+from .task_truth import TruthScore, truth_gate, truth_score_for
 
 # the names tests and options import from here (the tallies moved to output_errors)
 _Tally, _add = Tally, add
@@ -96,6 +101,7 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
     spreads = {b.id: OutputSpread() for b in built}
     task_metrics: dict[str, TaskMetric | None] = {}
     plugins = {b.id: PluginScore(plugin, plugin_name) for b in built} if plugin is not None else {}
+    truth_scores: dict[str, TruthScore] = {}
     golden_in: list[list[np.ndarray]] = []
     golden_out: list[list[np.ndarray]] = []
     try:
@@ -106,6 +112,8 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
                 raise ConversionError(f"the freshly built artifact {b.id} does not load on {b.engine}: {exc}") from exc
         names = list(output_names) if output_names is not None else [s.name for s in engines[golden_id].outputs]
         primary = spec.output_index("scores", names) or 0 if spec.type is TaskType.CLASSIFICATION else 0
+        scorer = truth_score_for(spec, val.truth, names)
+        truth_scores = {b.id: scorer() for b in built} if scorer is not None else {}
         decoder = None
         for i in progress(range(len(val))):
             sample = val.load(i)
@@ -119,6 +127,7 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
                 golden_in.append(sample)
                 golden_out.append(ref_golden)
             label = None if val.labels is None else int(val.labels[i])
+            truth = val.truth.load(i) if truth_scores else None
             decoded: dict[str, Any] = {}
             for b in built:
                 own, ref_id = outs[b.id], compared_with[b.id]
@@ -135,6 +144,8 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
                                               f"({spec.type}): {exc}") from exc
                 if plugins:
                     plugins[b.id].add(own, outs[ref_id], label, spec)
+                if truth_scores:
+                    truth_scores[b.id].add(decoder(b.id, own, decoded), own, truth)
         _measure_latency(built, refs, engines, golden_in[0], tallies)
         effective = {aid: eng.effective_precision for aid, eng in engines.items()}
     finally:
@@ -147,7 +158,8 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
     metrics = {}
     for b in built:
         entry = _numbers(b, refs[b.engine], tallies, labelled, effective[b.id], caps[b.id], spec)
-        _gate(entry, b, tallies[b.id], spec, task_metrics.get(b.id), plugins.get(b.id), max_drop, caps[b.id])
+        truths = (truth_scores[b.id], truth_scores[compared_with[b.id]]) if truth_scores else None
+        _gate(entry, b, tallies[b.id], spec, task_metrics.get(b.id), plugins.get(b.id), max_drop, caps[b.id], truths)
         if b.precision == "int8":  # every output on its own: one output's range must not excuse another's error
             check_each_output(entry, tallies[b.id], per_output, spec.type in CAPS_GATE)
         _check_spread(entry, spreads[b.id], spreads[compared_with[b.id]], names)
@@ -241,8 +253,9 @@ def _numbers(b: Built, ref: Built, tallies: dict[str, Tally], labelled: bool, ef
 
 
 def _gate(out: dict, b: Built, t: Tally, spec: TaskSpec, accumulator: TaskMetric | None, plugin: PluginScore | None,
-          max_drop: float | None, cap: float) -> None:
-    """The task's metric (or the plug-in's) and its gate, the max-error cap where it gates, into ``out``."""
+          max_drop: float | None, cap: float, truths: tuple[TruthScore, TruthScore] | None = None) -> None:
+    """The task's metric (or the plug-in's) and its gate, the max-error cap where it gates, into ``out``;
+    ``truths``: the artifact's score on the ground truth and its reference's, which gate an INT8 artifact."""
     out["task"] = spec.type.value
     if accumulator is None:  # classification: as before tasks
         if b.precision == "fp32":
@@ -258,6 +271,9 @@ def _gate(out: dict, b: Built, t: Tally, spec: TaskSpec, accumulator: TaskMetric
         name, value, gate = accumulator.name, accumulator.value(), accumulator.gate
         drop, unit, default = accumulator.drop(), accumulator.unit, accumulator.default_max_drop()
         out["details"] = accumulator.details()
+        judged = truth_gate(out, *truths, b.precision == "int8") if truths is not None else None
+        if judged is not None:  # the drop on the truth, as classification's accuracy with labels
+            name, value, gate, drop = judged
         why = accumulator.failure()
         if why and plugin is None:  # part of the task's gate, which a plug-in replaces (the numbers stay)
             out["task_failure"] = why

@@ -53,7 +53,8 @@ def _num(v: Any, fmt: str) -> str:
 
 
 # metrics that are shares in [0, 1] (shown as percentages); the others say their unit in the name
-_SHARES = ("accuracy", "top1_agreement", "golden_agreement", "box_f1", "mask_iou", "exact_string_agreement")
+_SHARES = ("accuracy", "top1_agreement", "golden_agreement", "box_f1", "mask_iou", "exact_string_agreement",
+           "map50", "miou", "text_accuracy")
 
 
 def _metric(m: dict[str, Any]) -> tuple[str, Any, Any]:
