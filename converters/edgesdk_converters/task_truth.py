@@ -316,7 +316,8 @@ def truth_score_for(spec: TaskSpec, truths: Truths | None, output_names: list[st
     return lambda: MaskTruth(spec, output_names)
 
 
-def truth_gate(out: dict[str, Any], own: TruthScore, ref: TruthScore, int8: bool) -> tuple[str, float, str, float] | None:
+def truth_gate(out: dict[str, Any], own: TruthScore, ref: TruthScore,
+               int8: bool) -> tuple[str, float, str, float] | None:
     """Record an artifact's score on the truth and its reference's in ``out["details"]`` (``truth``,
     ``reference_truth``). An INT8 artifact is gated by its drop on the truth: the reference's value is set in
     ``out`` and (metric, value, gate key, drop in points) returned. A float artifact (None returned) stays judged

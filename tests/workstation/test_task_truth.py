@@ -133,8 +133,8 @@ def test_miou_of_a_probability_map_is_the_foreground_iou_at_the_threshold():
 
 
 def test_truth_of_another_task_is_not_read(tmp_path):
-    boxes = read_dataset(_npz_with(tmp_path, 4, boxes=np.zeros((4, 1, 4)) + [0, 0, 2, 2], classes=np.zeros((4, 1), np.int64)),
-                         IMAGE, None, what="validation")
+    npz = _npz_with(tmp_path, 4, boxes=np.zeros((4, 1, 4)) + [0, 0, 2, 2], classes=np.zeros((4, 1), np.int64))
+    boxes = read_dataset(npz, IMAGE, None, what="validation")
     assert boxes.truth.kind.value == "detection"
     assert truth_score_for(TaskSpec.make("text", {"logits": "y"}), boxes.truth, ["y"]) is None
     assert truth_score_for(TaskSpec.make("detection", {"predictions": "y"}, format="yolo"), boxes.truth, ["y"])
