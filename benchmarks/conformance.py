@@ -172,7 +172,7 @@ def main() -> int:
     total = time.perf_counter() - began
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"Conformance zoo, {date}, on {describe(cpu)}; {args.samples} calibration + {args.val} validation samples "
-          f"per model, default targets, top-1 gate opened (max_drop=100), default INT8 error cap; total {total:.0f} s")
+          f"per model, default targets, each model's task (tests/zoo.py TASKS) and the default gates; total {total:.0f} s")
     print()
     print(plain(rows))
     print()
