@@ -107,9 +107,9 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
     else:
         from edgesdk.hybrid.served_artifact import serving_artifact
 
-        # What `edgesdk serve` serves by default (an explicit artifact goes first).
+        # What `edgesdk serve` serves by default: the load options' artifact is the device's, not the cloud's.
         served = serving_artifact(Bundle.open(cloud_bundle)).id
-        local = edgesdk.load(cloud_bundle, **{"artifact": served, **load_options})
+        local = edgesdk.load(cloud_bundle, **{**load_options, "artifact": served})
         closing.append(local)
         remote = lambda feeds: local.run_prepared(feeds).outputs  # noqa: E731
         cloud_name = f"bundle {Path(cloud_bundle).name} run here ({local.placement.artifact})"
