@@ -131,7 +131,8 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
         if by_task:  # the task's own signal; right = agrees with the cloud's answer under the task's gate
             answer = remote(feeds)
             s = task_signals(task, result.decoded, result.outputs, device.io.output_names)
-            sig[i] = s[signal] if s[signal] is not None else (1.0 if HIGH_IS_HARD_SIGNALS(signal) else 0.0)
+            # None (no detection, no character) is not hard at run time (EscalationPolicy.reason): measure it so
+            sig[i] = s[signal] if s[signal] is not None else (0.0 if HIGH_IS_HARD_SIGNALS(signal) else 1.0)
             s_clip = signals(None, feeds, ranges)["clipped_share"]
             clipped[i] = s_clip or 0.0
             device_ok[i] = agrees(task, result.decoded, device.io.decode(answer), result.outputs, answer)
