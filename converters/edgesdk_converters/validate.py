@@ -41,7 +41,8 @@ from .output_errors import INT8_ERROR_CAP, INT8_STEPS, Tally, add, check_each_ou
 from .output_errors import output_caps
 from .targets import Built
 from .output_spread import OutputSpread, dead_outputs
-from .task_metrics import TaskMetric, metric_for
+from .metric_base import TaskMetric
+from .task_metrics import metric_for
 from .task_truth import TruthScore, truth_gate, truth_score_for
 
 # the names tests and options import from here (the tallies moved to output_errors)

@@ -10,9 +10,9 @@ import pytest
 
 from edgesdk.tasks import Decoded, Detection, Landmarks, Mask, TaskSpec, TextLine
 from edgesdk_converters.output_spread import OutputSpread, dead_outputs
-from edgesdk_converters.task_metrics import (DetectionAgreement, EmbeddingAgreement, MaskAgreement, PointAgreement,
-                                             Quantiles, RawAgreement, TextAgreement, ValueAgreement, box_iou,
-                                             edit_distance, metric_for)
+from edgesdk_converters.task_metrics import (DetectionAgreement, MaskAgreement, PointAgreement, Quantiles,
+                                             TextAgreement, box_iou, edit_distance, metric_for)
+from edgesdk_converters.value_metrics import EmbeddingAgreement, RawAgreement, ValueAgreement
 
 
 def _dets(*boxes) -> Decoded:
