@@ -148,3 +148,37 @@ def test_the_shapes_hybrid_sample_runs(shapes_bundle, float_bundle, shapes_sets,
     assert hybrid["agreement"] > device["agreement"]
     assert device["agreement_hard"] < device["agreement_easy"]  # the hard images are where the device disagrees
     assert "split-half check" in proc.stdout and "reasons: low_confidence)" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def mixed_val(tmp_path_factory, shapes_data_module):
+    """40 validation images, every second one hard: the INT8 device disagrees with the float cloud on some."""
+    out = shapes_data_module.write_sets(tmp_path_factory.mktemp("shapes-mixed"), calib=1, val=40, demo=0, hard=0.5)
+    return out / "val"
+
+
+@pytest.mark.parametrize("signal", ["uncertain_share", "min_kept_score"])
+def test_calibrated_escalation_rate_is_what_prefer_device_then_does(shapes_bundle, float_bundle, mixed_val,
+                                                                      tmp_path, signal):
+    """The curve measures what the runtime will do: on the calibration images, prefer-device with the stored
+    threshold escalates exactly the share the entry says (also for an image with no detection, whose
+    min_kept_score is None: not hard, at calibration as at run time)."""
+    from edgesdk_converters.escalation import calibrate_escalation
+
+    bundle = tmp_path / "shapes.bundle"
+    shutil.copytree(shapes_bundle, bundle)
+    entry = calibrate_escalation(bundle, mixed_val, cloud_bundle=float_bundle, signal=signal,
+                                 target_escalation=0.5, progress=False, say=lambda text: None,
+                                 artifact=DEVICE_ARTIFACT)
+    assert entry["cloud"].endswith("(onnxruntime-fp32)")  # what edgesdk serve serves, not the device's artifact
+    assert entry["device_accuracy"] < 1.0 and entry["escalation_rate"] > 0  # something to escalate for
+    images = sorted(mixed_val.glob("*.png"))
+    dead = f"http://127.0.0.1:{free_port()}"  # every escalation fails fast and comes back degraded, still counted
+    with edgesdk.load(bundle, mode="prefer-device", cloud=dead, artifact=DEVICE_ARTIFACT) as model:
+        assert model.policy.signal == signal and model.policy.threshold == entry["threshold"]
+        results = [model.predict(p) for p in images]
+    if signal == "min_kept_score":
+        assert any(r.signals["min_kept_score"] is None for r in results)  # the case this test is about
+    escalated = sum(r.escalation_reason is not None for r in results) / len(results)
+    assert escalated == pytest.approx(entry["escalation_rate"]), (escalated, entry["escalation_rate"],
+                                                                 entry["threshold"])
