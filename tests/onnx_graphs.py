@@ -47,6 +47,15 @@ def node_model(op_type: str, inputs: list, opset: int = 13, outputs: int = 1, **
     return make_model(graph, opset), feeds
 
 
+def save_graph(path, nodes, inputs, outputs, inits: dict, opset: int = 13) -> None:
+    """Write a graph of ``nodes`` (initializers ``inits``: name -> array) as an ONNX model at ``path``."""
+    graph = helper.make_graph(nodes, path.stem, inputs, outputs, [numpy_helper.from_array(v, k)
+                                                                  for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
 def make_model(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8 if opset < 19 else 9

@@ -9,12 +9,12 @@ import importlib.util
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from edgesdk.engines import TensorSpec
+from onnx_graphs import save_graph
 from edgesdk.errors import CalibrationError, ValidationFailed
 from edgesdk.tasks import Decoded, Detection, TaskSpec, TextLine
 from edgesdk.tasks.decode import decode
@@ -201,12 +201,7 @@ def test_npz_folder_of_mixed_truth_is_refused(tmp_path):
 
 # -- validation on real artifacts -------------------------------------------------------------------------------------
 
-def _save(path, nodes, inputs, outputs, inits) -> None:
-    graph = helper.make_graph(nodes, path.stem, inputs, outputs, [numpy_helper.from_array(v, k)
-                                                                  for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
+_save = save_graph  # (path, nodes, inputs, outputs, initializers)
 
 
 def _built(tmp_path, nodes, x_shape, out_shape, inits, calib):

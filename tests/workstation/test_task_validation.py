@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
+from onnx_graphs import save_graph
 from edgesdk.errors import ConversionError
 from edgesdk.tasks import TaskSpec
 from edgesdk_converters.calibration import read_dataset
@@ -21,12 +21,7 @@ from edgesdk_converters.targets import builder
 from edgesdk_converters.validate import validate
 
 
-def _save(path, nodes, inputs, outputs, inits) -> None:
-    graph = helper.make_graph(nodes, path.stem, inputs, outputs, [numpy_helper.from_array(v, k)
-                                                                  for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
+_save = save_graph  # (path, nodes, inputs, outputs, initializers)
 
 
 def vad_like(path, outlier: float) -> None:
