@@ -6,7 +6,6 @@ degraded, when the cloud is gone. calibrate-escalation needs no labels for it; s
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -137,8 +136,7 @@ def test_the_shapes_hybrid_sample_runs(shapes_bundle, float_bundle, shapes_sets,
     shutil.copytree(float_bundle, work / "shapes-cloud.bundle")
     (work / "shapes-data").symlink_to(shapes_sets)
     proc = subprocess.run([sys.executable, str(SHAPES / "hybrid.py"), "--workdir", str(work), "--artifact",
-                           DEVICE_ARTIFACT, "--json"], capture_output=True, text=True, timeout=900,
-                          env={**os.environ})
+                           DEVICE_ARTIFACT, "--json"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     device, cloud, hybrid = summary["device-only"], summary["cloud-only"], summary["prefer-device"]
