@@ -229,8 +229,9 @@ def demo(
 @app.command("calibrate-escalation")
 def calibrate_escalation(
     bundle: Path = typer.Argument(..., help="The device bundle whose hybrid threshold is chosen."),
-    val: Path = typer.Option(..., "--val", help="Labelled validation data: image folder with one sub-folder per "
-                             "class, or .npz with x and y."),
+    val: Path = typer.Option(..., "--val", help="Validation data: for a classifier labelled (image folder with one "
+                             "sub-folder per class, or .npz with x and y); for another task any form of --calib's, "
+                             "no labels needed."),
     cloud: Optional[str] = typer.Option(None, "--cloud", help="The cloud endpoint (V2 server URL) to compare with."),
     cloud_bundle: Optional[Path] = typer.Option(None, "--cloud-bundle", help="Or: a bundle run here in the cloud's "
                                                 "place."),
