@@ -71,6 +71,9 @@ def calibrate_escalation(bundle: str | Path, val: Any, *, cloud: str | None = No
     by_task = task.type not in ("classification", "raw")
     # the signal the task measures (None: its usual one); one of another task is refused here, naming the right one
     signal = EscalationPolicy(signal=signal).resolved(b.manifest).signal
+    if signal is None:
+        raise InputError(f"bundle {b.name!r} is a {task.type} model, which has no hardness signal to calibrate "
+                         "(hybrid mode escalates its out-of-range inputs only)")
     specs = [TensorSpec(t["name"], tuple(t["shape"]), t.get("dtype", "float32")) for t in b.manifest["inputs"]]
     ds = calibration.read_dataset(val, specs, b.preprocess, b.labels, "validation")
     if ds.labels is None and not by_task:

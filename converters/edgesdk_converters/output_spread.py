@@ -3,8 +3,11 @@ the validation set has lost that output, whatever its other numbers say (Silero 
 OpenVINO, 0.345 for every audio chunk, read as 100% top-1 agreement before tasks: a [1, 1] output's arg-max is
 always 0).
 
-:class:`OutputSpread` streams each output's standard deviation over all its values of every sample (constant
-memory); :func:`dead_outputs` compares an artifact's with its reference's.
+:class:`OutputSpread` streams how much each output varies from sample to sample: every element's standard deviation
+across the samples (Welford, one running mean and sum of squares per element: memory of one output, whatever the
+set's size), summed up as their root mean square. An output that answers the same vector for every input is dead
+even when its elements differ from each other (a classifier stuck at [0.345, 0.655]). :func:`dead_outputs` compares
+an artifact's with its reference's.
 """
 
 from __future__ import annotations
@@ -19,33 +22,35 @@ DEAD_RATIO = 0.25  # an output whose spread is under this share of its reference
 
 
 class OutputSpread:
-    """How much each output of one artifact varies over the validation set: the standard deviation of all its
-    values over every sample, streamed (Chan's pairwise update), with its largest |value|."""
+    """How much each output of one artifact varies over the validation set: per element, the standard deviation
+    across samples (streamed), their root mean square per output, and the output's largest |value|."""
 
     def __init__(self) -> None:
         self.n: list[int] = []
-        self.mean: list[float] = []
-        self.m2: list[float] = []
+        self.mean: list[np.ndarray | None] = []
+        self.m2: list[np.ndarray | None] = []
         self.peak: list[float] = []
 
     def add(self, outputs: list[np.ndarray]) -> None:
         if not self.n:
             k = len(outputs)
-            self.n, self.mean, self.m2, self.peak = [0] * k, [0.0] * k, [0.0] * k, [0.0] * k
+            self.n, self.mean, self.m2, self.peak = [0] * k, [None] * k, [None] * k, [0.0] * k
         for j, o in enumerate(outputs):
             a = np.asarray(o, np.float64).ravel()
             if not a.size:
                 continue
-            n, mean, m2 = a.size, float(a.mean()), float(np.square(a - a.mean()).sum())
-            total = self.n[j] + n
-            delta = mean - self.mean[j]
-            self.m2[j] += m2 + delta * delta * self.n[j] * n / total
-            self.mean[j] += delta * n / total
-            self.n[j] = total
+            if self.mean[j] is None or self.mean[j].shape != a.shape:  # first sample (a shape change restarts)
+                self.n[j], self.mean[j], self.m2[j] = 0, np.zeros_like(a), np.zeros_like(a)
+            self.n[j] += 1
+            delta = a - self.mean[j]
+            self.mean[j] += delta / self.n[j]
+            self.m2[j] += delta * (a - self.mean[j])
             self.peak[j] = max(self.peak[j], float(np.abs(a).max()))
 
     def std(self) -> list[float]:
-        return [math.sqrt(m2 / n) if n else 0.0 for m2, n in zip(self.m2, self.n)]
+        """Per output: the root mean square over its elements of each element's standard deviation across the
+        samples (0 for an output seen once or never)."""
+        return [math.sqrt(float(m2.mean()) / n) if n and m2 is not None else 0.0 for m2, n in zip(self.m2, self.n)]
 
 
 def dead_outputs(own: OutputSpread, ref: OutputSpread) -> list[int]:

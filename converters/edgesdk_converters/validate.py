@@ -33,6 +33,7 @@ import numpy as np
 from edgesdk.engines import Engine, open_engine
 from edgesdk.errors import BackendUnavailable, ConversionError, InputError
 from edgesdk.runtime.numerics import run_as_given
+from edgesdk.tasks.geometry import input_image_size
 from edgesdk.tasks import TaskSpec, TaskType
 
 from .calibration import Dataset
@@ -205,17 +206,8 @@ class _Decoder:
 
 
 def _image_size(sample: list[np.ndarray]) -> tuple[int, int] | None:
-    """(height, width) of the first image-like input (4-D, batch 1): channels first when axis 1 holds 1, 3 or 4
-    and the last axis does not, else channels last."""
-    for a in sample:
-        shape = np.shape(a)
-        if len(shape) == 4 and shape[0] == 1:
-            if shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4):
-                return int(shape[2]), int(shape[3])
-            if shape[3] in (1, 3, 4):
-                return int(shape[1]), int(shape[2])
-            return int(shape[2]), int(shape[3])
-    return None
+    """(height, width) of the first image-shaped input, by the device's rule (:func:`input_image_size`)."""
+    return next((size for size in (input_image_size(np.shape(a)) for a in sample) if size is not None), None)
 
 
 def _numbers(b: Built, ref: Built, tallies: dict[str, Tally], labelled: bool, effective: str | None, cap: float,

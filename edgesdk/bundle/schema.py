@@ -322,9 +322,31 @@ def _task_fits(manifest: dict[str, Any]) -> list[str]:
         return []
     names = [o["name"] for o in manifest["outputs"]]
     try:
-        TaskSpec.from_dict(manifest["task"]).resolved(names)
+        spec = TaskSpec.from_dict(manifest["task"]).resolved(names)
     except InputError as exc:
         return [f"task: {exc}"]
+    return _anchors_fit(spec, manifest)
+
+
+def _anchors_fit(spec: Any, manifest: dict[str, Any]) -> list[str]:
+    """An anchor detector's strides and per-layer count give as many anchors as its boxes output has rows (counted,
+    never made: a hostile table could ask for millions)."""
+    from ..tasks.detection import anchor_count
+    from ..tasks.geometry import input_image_size
+
+    if spec.type != "detection" or spec.params["format"] != "anchors":
+        return []
+    pre = manifest.get("preprocess") or {}
+    size = tuple(pre["size"]) if pre.get("size") else input_image_size(manifest["inputs"][0]["shape"])
+    boxes = next(o for o in manifest["outputs"] if o["name"] == spec.outputs["boxes"])
+    rows = boxes["shape"][1] if len(boxes["shape"]) >= 2 else None
+    if size is None or rows is None or rows < 1:
+        return []
+    count = anchor_count(spec.params["anchors"]["strides"], spec.params["anchors"]["per_layer"], size)
+    if count != rows:
+        return [f"task: anchors {{strides: {list(spec.params['anchors']['strides'])}, per_layer: "
+                f"{spec.params['anchors']['per_layer']}}} give {count} anchors for a {size[0]}x{size[1]} input; "
+                f"output {spec.outputs['boxes']!r} has {rows} rows"]
     return []
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import BudgetExceeded, InputError
-from ..tasks.geometry import Transform
+from ..tasks.geometry import Transform, input_image_size
 from ..tasks.results import Decoded
 from ..tasks.spec import task_of
 
@@ -60,17 +60,25 @@ class BundleIO:
         self._labels = self.labels
         self.task = task_of(bundle.manifest)
         self.output_names = self._output_names = [t["name"] for t in bundle.manifest["outputs"]]
+        # a classifier's scores: the output its task names (not always the first), softmax as its task says
+        self._classifier = self.task.type == "classification"
+        self._scores_at = (self.task.output_index("scores", self._output_names) or 0) if self._classifier else 0
+        if self._classifier and bundle.manifest.get("task"):
+            self._softmax = bool(self.task.params.get("softmax"))
+            top_k = self.task.params.get("top_k", top_k)
+            self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
         # (height, width) of an image model's input: arrays fed to it are in its pixels (the identity transform)
-        self._image_size = self._pre.size if self._pre is not None else _image_size(self._shapes[0])
+        self._image_size = self._pre.size if self._pre is not None else input_image_size(self._shapes[0])
 
     @property
     def classification(self) -> bool:
-        return self._post.get("type") == "classification"
+        """Whether the bundle is a classifier (its task; for a bundle from before tasks, its postprocess)."""
+        return self._classifier
 
     def probabilities(self, outputs: list[np.ndarray]) -> np.ndarray | None:
         """The class probabilities of a classification output (softmax applied when the manifest says the model
         gives logits), or None for other models."""
-        scores = _class_scores(outputs) if self.classification else None
+        scores = _class_scores(outputs, self._scores_at) if self._classifier else None
         if scores is None:
             return None
         scores = scores.astype(np.float64)
@@ -182,7 +190,7 @@ class BundleIO:
     def top(self, outputs: list[np.ndarray]) -> list[Top]:
         """The top-k classes of a classification output; empty for outputs that are not class scores (no output,
         no element, a dtype that is not numeric)."""
-        scores = _class_scores(outputs) if self.classification else None
+        scores = _class_scores(outputs, self._scores_at) if self._classifier else None
         if scores is None:
             return []
         if scores.dtype.kind != "f":
@@ -243,17 +251,6 @@ class BundleIO:
                                      needed=round(needed, 2), available=round(max(room, 0.0), 2))
 
 
-def _image_size(shape: tuple[int, ...]) -> tuple[int, int] | None:
-    """(height, width) of an image-shaped input ([1, 1|3, H, W] or [1, H, W, 1|3]), None for any other input."""
-    if len(shape) != 4 or min(shape) < 1:
-        return None
-    if shape[1] in (1, 3) and shape[3] not in (1, 3):
-        return (shape[2], shape[3])
-    if shape[3] in (1, 3):
-        return (shape[1], shape[2])
-    return None
-
-
 def _numpy_dtype(name: Any) -> np.dtype:
     """The numpy dtype an input of manifest dtype ``name`` is fed as: float32 for float32 and for what numpy does not
     know (bfloat16: the engine converts), the dtype itself otherwise (int64, int32, bool, float16...)."""
@@ -264,11 +261,11 @@ def _numpy_dtype(name: Any) -> np.dtype:
     return dtype if dtype.kind in "biuf" else np.dtype(np.float32)
 
 
-def _class_scores(outputs: list[np.ndarray]) -> np.ndarray | None:
-    """The first output as a flat vector of class scores, or None when it cannot be one."""
-    if not outputs:
+def _class_scores(outputs: list[np.ndarray], at: int = 0) -> np.ndarray | None:
+    """Output ``at`` (the classifier's scores) as a flat vector of class scores, or None when it cannot be one."""
+    if len(outputs) <= at:
         return None
-    scores = np.asarray(outputs[0]).reshape(-1)
+    scores = np.asarray(outputs[at]).reshape(-1)
     if scores.size == 0 or scores.dtype.kind not in "fiu":
         return None
     return scores

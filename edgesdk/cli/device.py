@@ -327,8 +327,10 @@ def run(
         print(printable(line))
 
     if mode != "device-only":
-        say(f"hybrid: {mode} with {cloud} (escalates when {model.policy.signal} crosses "
-              f"{model.policy.threshold:g})")
+        policy = model.policy
+        when = (f"when {policy.signal} crosses {policy.threshold:g}" if policy.signal is not None else
+                "only on out-of-range input: this task has no confidence signal")
+        say(f"hybrid: {mode} with {cloud} (escalates {when})")
     if device_model is None:
         say(f"placement: none on this device ({model.device_error}); the cloud answers")
     pl = device_model.placement if device_model is not None else None

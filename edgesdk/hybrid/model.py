@@ -90,7 +90,8 @@ class EscalationPolicy:
     (:mod:`edgesdk.tasks.hardness`: a detector's ``uncertain_share`` of boxes or ``min_kept_score``, a segmenter's
     ``uncertain_pixel_share``, a text model's ``min_char_confidence`` or ``mean_margin``, a regression's or
     probability's ``threshold_distance``). Reason ``low_confidence``. ``signal`` None: the task's usual one
-    (max_prob, uncertain_share, uncertain_pixel_share, min_char_confidence, threshold_distance). ``threshold``
+    (max_prob, uncertain_share, uncertain_pixel_share, min_char_confidence, threshold_distance; none for
+    landmarks, embedding and raw, which escalate only on ``out_of_range``). ``threshold``
     None takes the bundle's calibrated one (``manifest["hybrid"]``, written by ``edgesdk calibrate-escalation``)
     and else :data:`DEFAULT_THRESHOLDS`. ``max_clipped``: escalate when more than this share of the input lies
     outside the calibration range (reason ``out_of_range``; None: never).
@@ -116,8 +117,9 @@ class EscalationPolicy:
             "classification" if (manifest.get("postprocess") or {}).get("type") == "classification" else "raw"))
         if self.signal is None:
             calibrated = (manifest.get("hybrid") or {}).get("signal")
-            return replace(self, signal=calibrated if calibrated in SIGNALS else DEFAULT_SIGNAL.get(kind, "max_prob")
-                           ).resolved(manifest)
+            signal = calibrated if calibrated in SIGNALS else DEFAULT_SIGNAL.get(kind)
+            # a task with no hardness signal (landmarks, embedding, raw): only out-of-range inputs escalate
+            return self if signal is None else replace(self, signal=signal).resolved(manifest)
         given_by = ("classification",) if self.signal in CLASSIFICATION_SIGNALS else \
             tuple(str(t) for t in TASK_SIGNALS[self.signal][0])
         if kind != "raw" and kind not in given_by:

@@ -25,6 +25,7 @@ their scores).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -49,10 +50,24 @@ class Candidates:
     keypoints: np.ndarray | None = None
 
 
+def anchor_count(strides: tuple[int, ...], per_layer: int, input_size: tuple[int, int]) -> int:
+    """How many anchors :func:`ssd_anchors` makes, computed without making them (a manifest's strides and per-layer
+    count are checked against the model's rows with it before any array is allocated)."""
+    height, width = input_size
+    return sum(math.ceil(height / s) * math.ceil(width / s) * per_layer for s in strides)
+
+
 def ssd_anchors(strides: tuple[int, ...], per_layer: int, offset: float,
                 input_size: tuple[int, int]) -> np.ndarray:
     """MediaPipe's SSD anchor centres (fixed anchor size) for an input of ``input_size`` (height, width): [N, 2]
-    (x, y) normalized to [0, 1], in the order the model's rows follow."""
+    (x, y) normalized to [0, 1], in the order the model's rows follow. Made once per parameters and input size
+    (read-only: every prediction shares it)."""
+    return _ssd_anchors(tuple(int(s) for s in strides), int(per_layer), float(offset),
+                        (int(input_size[0]), int(input_size[1])))
+
+
+@functools.lru_cache(maxsize=16)
+def _ssd_anchors(strides: tuple[int, ...], per_layer: int, offset: float, input_size: tuple[int, int]) -> np.ndarray:
     height, width = input_size
     centres = []
     layer = 0
@@ -65,7 +80,9 @@ def ssd_anchors(strides: tuple[int, ...], per_layer: int, offset: float,
         cells = np.stack([xs.ravel(), ys.ravel()], axis=-1)
         centres.append(np.repeat(cells, per_layer * (same - layer), axis=0))
         layer = same
-    return np.concatenate(centres).astype(np.float64)
+    anchors = np.concatenate(centres).astype(np.float64)
+    anchors.flags.writeable = False
+    return anchors
 
 
 def _input_size(transform: Transform | None, why: str) -> tuple[int, int]:
@@ -143,13 +160,14 @@ def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str
     keypoints = None
     if spec.format == "anchors":
         height, width = _input_size(transform, "format 'anchors'")
-        anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
-                              (height, width))
-        if anchors.shape[0] != values.shape[0]:
+        count = anchor_count(spec.anchors["strides"], spec.anchors["per_layer"], (height, width))
+        if count != values.shape[0]:  # counted first: a hostile table must not make millions of anchors
             raise InputError(f"task anchors {{strides: {list(spec.anchors['strides'])}, per_layer: "
-                             f"{spec.anchors['per_layer']}}} give {anchors.shape[0]} anchors for a {height}x{width} "
+                             f"{spec.anchors['per_layer']}}} give {count} anchors for a {height}x{width} "
                              f"input, but output {output_name(spec, 'boxes')!r} (role 'boxes') has "
                              f"{values.shape[0]} rows")
+        anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
+                              (height, width))
         sx, sy, sw, sh = spec.box_scale or (width, height, width, height)
         # pairs (x, y) for xywh; (y, x) for yxhw: the same swap for the box centre, its size and the keypoints
         pairs = values[:, :4 + 2 * spec.keypoints].reshape(values.shape[0], -1, 2)

@@ -13,6 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def input_image_size(shape: tuple[int, ...] | list[int]) -> tuple[int, int] | None:
+    """(height, width) of an image-shaped model input: 4-D, channels first ([N, 1|3|4, H, W]) unless the last axis
+    holds the channels ([N, H, W, 1|3|4]); None for any other rank or a dynamic (-1) height or width. The device
+    (:class:`~edgesdk.bundle.tensors.BundleIO`) and quantize's validation read an input's pixels with this one rule,
+    so a decoding that needs the input size (anchors, normalized boxes) behaves the same on both."""
+    if len(shape) != 4:
+        return None
+    channels_first = shape[1] in (1, 3, 4) and shape[3] not in (1, 3, 4)
+    height, width = (shape[2], shape[3]) if channels_first or shape[3] not in (1, 3, 4) else (shape[1], shape[2])
+    return (int(height), int(width)) if min(height, width) >= 1 else None
+
+
 @dataclass(frozen=True)
 class Transform:
     """Model input (``input_size`` = (height, width)) from the original image (``original_size`` = (height,

@@ -126,7 +126,7 @@ def test_inspect_json(cli_bundle):
 
 def test_demo(tmp_path):
     """The README's first command: quantize the digits sample to all three targets and print the table."""
-    proc = edgesdk("demo", "--workdir", tmp_path / "demo", "--quiet")
+    proc = edgesdk("demo", "--workdir", tmp_path / "demo", "--quiet", "--sample", "digits")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "demo" / "digits.bundle"
     assert f"bundle written to {out}" in proc.stdout

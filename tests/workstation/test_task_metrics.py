@@ -232,13 +232,25 @@ def test_an_output_that_stops_varying_is_dead():
     assert dead_outputs(fine, ref) == [] and dead_outputs(ref, ref) == []
 
 
-def test_spread_is_the_std_of_every_value_over_every_sample():
+def test_spread_is_each_elements_std_across_samples_as_a_root_mean_square():
     rng = np.random.default_rng(1)
-    arrays = [rng.normal(3.0, 2.0, (1, 37)) for _ in range(9)]
+    arrays = [rng.normal(3.0, 2.0, (1, 37)) * np.linspace(0.1, 1.0, 37) for _ in range(9)]
     s = OutputSpread()
     for a in arrays:
         s.add([a])
-    assert s.std()[0] == pytest.approx(float(np.concatenate(arrays, axis=None).std()), rel=1e-9)
+    per_element = np.concatenate(arrays, axis=0).std(axis=0)
+    assert s.std()[0] == pytest.approx(float(np.sqrt(np.mean(per_element ** 2))), rel=1e-9)
+
+
+def test_an_output_answering_the_same_vector_for_every_input_is_dead_though_its_elements_differ():
+    """INT8 stuck at [0.345, 0.655] where float answers [p, 1 - p]: across samples it does not move at all."""
+    rng = np.random.default_rng(3)
+    ref, own = OutputSpread(), OutputSpread()
+    for p in rng.uniform(0, 1, 40):
+        ref.add([np.array([[p, 1 - p]])])
+        own.add([np.array([[0.345, 0.655]])])
+    assert own.std() == [0.0] and ref.std()[0] > 0.2
+    assert dead_outputs(own, ref) == [0]
 
 
 def test_an_output_the_reference_holds_nearly_still_is_not_judged():

@@ -259,6 +259,10 @@ def test_blazeface_reports_box_and_score_agreement(run):
         assert entry["metric"] == "box_f1" and {"score_error", "box_iou", "recall", "precision"} <= set(details), entry
         if aid.endswith("-fp32"):
             assert entry["metric_value"] == 1.0 and entry["passed"], (aid, entry)
+        if details["detections"] and details["reference_detections"] and entry["metric_value"] > 0:
+            assert 0.0 <= details["score_error"] and 0.5 <= details["box_iou"] <= 1.0, (aid, details)
+        # a passing artifact's faces score as float's do (the gate fails a mean score error over 0.1)
+        assert not entry["passed"] or (details["score_error"] or 0.0) <= 0.1, (aid, details)
 
 
 @pytest.mark.parametrize("run", ["silero_vad"], indirect=True)

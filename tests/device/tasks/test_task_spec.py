@@ -81,7 +81,7 @@ def test_default_task_and_bundles_from_before_tasks():
 
 def _manifest(task) -> dict:
     return {"format_version": 1, "name": "m", "version": "1", "created_with": {},
-            "inputs": [{"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32"}],
+            "inputs": [{"name": "x", "shape": [1, 128, 128, 3], "dtype": "float32"}],
             "outputs": [{"name": "regressors", "shape": [1, 896, 16], "dtype": "float32"},
                         {"name": "classificators", "shape": [1, 896, 1], "dtype": "float32"}],
             "artifacts": [{"id": "a", "engine": "onnxruntime", "precision": "fp32",
@@ -97,3 +97,21 @@ def test_the_schema_checks_the_task_table_and_its_roles():
                                           r"not have"):
         check_manifest(_manifest({**BLAZEFACE, "outputs": {"boxes": "regressors", "scores": "scores"}}),
                        "manifest.json")
+
+
+def test_an_anchor_table_that_does_not_fit_the_boxes_output_is_refused_at_load_without_making_anchors():
+    """16 layers of stride 1 with 64 anchors each would be 16.7 million anchors for a 128x128 input (770 MiB): the
+    count is computed, compared with the boxes output's 896 rows and refused when the manifest is read."""
+    import tracemalloc
+
+    manifest = _manifest({**BLAZEFACE, "anchors": {"strides": [1] * 16, "per_layer": 64}})
+    manifest["inputs"][0]["shape"] = [1, 128, 128, 3]
+    tracemalloc.start()
+    with pytest.raises(BundleError, match=r"give 16777216 anchors for a 128x128 input; output 'regressors' has 896"):
+        check_manifest(manifest, "manifest.json")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 10 << 20
+    fitting = _manifest(BLAZEFACE)
+    fitting["inputs"][0]["shape"] = [1, 128, 128, 3]
+    check_manifest(fitting, "manifest.json")  # 896: BlazeFace's own
