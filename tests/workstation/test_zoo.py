@@ -216,9 +216,8 @@ def _pooled_mask_iou(run, artifact: str, images: np.ndarray, threshold: float) -
 def test_ppocr_detector_is_judged_by_mask_iou(run):
     """The false fail of issue 17: INT8 text maps that overlap float's were failed on the arg-max pixel. Now the
     gate is the pooled mask IoU (prob > 0.3, rapidocr's threshold), checked against an independent computation, and
-    the float artifacts pass. OpenVINO INT8 is at 0.94-0.96 here; ONNX Runtime INT8 was measured at 0.86-0.88 on this
-    data with this quantizer, under the default gate of IoU 0.9: whichever side of it it falls, the verdict follows
-    the IoU."""
+    the float artifacts pass, and so do OpenVINO's and ONNX Runtime's INT8 (0.94-0.96, fed as rapidocr feeds the
+    model; fed ImageNet's mean/std, ONNX Runtime's INT8 fell to 0.85-0.86: README "Conformance zoo")."""
     entries = _entries(run)
     assert run.manifest["task"]["type"] == "segmentation"
     for aid, entry in entries.items():
@@ -226,12 +225,12 @@ def test_ppocr_detector_is_judged_by_mask_iou(run):
         assert entry["passed"] is (entry["metric_value"] >= 0.9 - 1e-9 and not entry.get("dead_output")), (aid, entry)
         if aid.endswith("-fp32"):
             assert entry["passed"] and entry["metric_value"] > 0.99, (aid, entry)
-    assert entries["openvino-int8"]["passed"] and entries["openvino-int8"]["metric_value"] >= 0.9
     images = zoo.calibration("ppocr_det", 12, "small", seed=1)["x"]
     for aid in ("openvino-int8", "onnxruntime-int8"):
+        assert entries[aid]["passed"] and entries[aid]["metric_value"] >= 0.9, (aid, entries[aid])
         independent = _pooled_mask_iou(run, aid, images, 0.3)
-        assert abs(independent - entries[aid]["metric_value"]) < 0.05, (aid, independent, entries[aid]["metric_value"])
-    assert _pooled_mask_iou(run, "openvino-int8", images, 0.3) >= 0.9
+        assert independent >= 0.9 and abs(independent - entries[aid]["metric_value"]) < 0.05, \
+            (aid, independent, entries[aid]["metric_value"])
 
 
 @pytest.mark.parametrize("run", ["ppocr_rec"], indirect=True)

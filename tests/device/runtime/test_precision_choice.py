@@ -167,9 +167,19 @@ def test_an_engine_choice_still_times_its_own_pair(digits_bundle, monkeypatch):
     assert pl.precision_choice["int8"] == "onnxruntime:CPUExecutionProvider:onnxruntime-int8"
 
 
+def _fail_numerics(manifest: dict, aid: str) -> None:
+    """Make ``aid`` fail its golden check: every tolerance the manifest holds for it (pooled, and per output) set to
+    1e-12."""
+    golden = manifest["golden"]
+    golden["tolerance"][aid] = 1e-12
+    for key in ("tolerance_per_output", "mean_tolerance_per_output"):
+        if aid in (golden.get(key) or {}):
+            golden[key][aid] = [1e-12] * len(golden[key][aid])
+
+
 def test_fp32_that_does_not_load_leaves_int8_serving_unmeasured(bundle_copy, cache_dir):
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
-    manifest["golden"]["tolerance"][FP32] = 1e-12  # the float artifact now fails its numerics check
+    _fail_numerics(manifest, FP32)  # the float artifact now fails its numerics check
     (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
     pl = _load(bundle_copy)
     assert pl.artifact == INT8
@@ -184,7 +194,7 @@ def test_a_cached_fp32_choice_that_does_not_load_falls_back_to_int8(bundle_copy,
     monkeypatch.setattr(precision_choice, "time_run", FakeRunClock(bundle_copy, {INT8: 0.004, FP32: 0.002}))
     assert _load(bundle_copy).artifact == FP32
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
-    manifest["golden"]["tolerance"][FP32] = 1e-12  # the same files (the same cache key); FP32 now fails its check
+    _fail_numerics(manifest, FP32)  # the same files (the same cache key); FP32 now fails its check
     (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
     monkeypatch.setattr(precision_choice, "time_run", _no_timing)
     pl = _load(bundle_copy)
@@ -302,7 +312,7 @@ def test_speed_check_is_checked(digits_bundle):
 def test_a_candidate_that_fails_in_the_race_is_not_opened_again(bundle_copy, monkeypatch):
     manifest = json.loads((bundle_copy / "manifest.json").read_text())
     for aid in ("litert-int8", "openvino-int8"):
-        manifest["golden"]["tolerance"][aid] = 1e-12  # these now fail their numerics check
+        _fail_numerics(manifest, aid)  # these now fail their numerics check
     (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
     pl = _load(bundle_copy, speed_check="full")
     failed = [s.candidate.artifact for s in pl.skipped if s.reason == "numerics_mismatch"]
