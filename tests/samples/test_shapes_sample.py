@@ -3,30 +3,18 @@ shapes_detector.onnx run by ONNX Runtime and judged against the generated ground
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from support import REPO
+from shapes_support import SHAPES, load_sample_module
 
-SHAPES = REPO / "samples" / "shapes"
 MODEL = SHAPES / "shapes_detector.onnx"
 
 
-def _load(name: str):
-    """A module of the sample under a name of its own (``data`` and ``detect`` are too common to import bare)."""
-    spec = importlib.util.spec_from_file_location(f"shapes_{name}", SHAPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-data = _load("data")
-detect = _load("detect")
+data = load_sample_module("data")
+detect = load_sample_module("detect")
 
 
 @pytest.fixture(scope="module")
