@@ -5,8 +5,8 @@
 A YOLO-style grid: a 96x96 RGB input (an original image letterboxed onto grey 114, values in [0, 1]) goes through
 three stride-2 convolutions to a 12x12 grid (stride 8) and two more 3x3 convolutions, each cell predicting one box. The box decoding is part of
 the graph, so the one output ``predictions`` [1, 144, 8] is already YOLOv5 rows: cx, cy, w, h in [0, 1] of the
-input (normalized: in pixels, INT8 would quantize them with one scale shared by the probabilities of the same output,
-leaving those steps of ~0.38), objectness (sigmoid), and the probabilities of circle, square, triangle (softmax).
+input (normalized, and joined once: a Concat gives all it joins one INT8 scale, so coordinates in pixels, or rows
+joined in pixels first, left the probabilities steps of ~0.38), objectness (sigmoid), and the probabilities of circle, square, triangle (softmax).
 Decode it with detect.py.
 
 Prints the float model's F1 at IoU 0.5 (score >= 0.5, NMS 0.45) on the validation images, in original pixels.
@@ -60,16 +60,21 @@ class ShapesDetector(nn.Module):
         out = self.head(self.features(x))
         return out.permute(0, 2, 3, 1).reshape(out.shape[0], -1, out.shape[1])
 
-    def decode(self, raw: torch.Tensor) -> torch.Tensor:
+    def parts(self, raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(centre, size) in input pixels, objectness and class probabilities of each row."""
         xy = torch.sigmoid(raw[..., 0:2]) * STRIDE + self.cell_origin  # the centre lies in its cell
         wh = torch.sigmoid(raw[..., 2:4]) * self.input_size  # bounded: no exp to blow up under INT8
-        obj = torch.sigmoid(raw[..., 4:5])
-        cls = torch.softmax(raw[..., 5:], dim=-1)
-        return torch.cat([xy, wh, obj, cls], dim=-1)
+        return xy, wh, torch.sigmoid(raw[..., 4:5]), torch.softmax(raw[..., 5:], dim=-1)
+
+    def decode(self, raw: torch.Tensor) -> torch.Tensor:
+        """Rows in input pixels: what the loss compares with the targets."""
+        return torch.cat(self.parts(raw), dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = self.decode(self.raw(x))  # pixels (the loss's unit); the output: [0, 1] of the input
-        return torch.cat([rows[..., 0:4] / self.input_size.repeat(2), rows[..., 4:]], dim=-1)
+        # the output: [0, 1] of the input, joined once. Every tensor that a Concat joins shares one INT8 scale (ONNX
+        # Runtime, LiteRT): rows joined in pixels first (0-96) left the probabilities 4 values (steps of 0.38)
+        xy, wh, obj, cls = self.parts(self.raw(x))
+        return torch.cat([xy / self.input_size, wh / self.input_size, obj, cls], dim=-1)
 
 
 def targets(samples, transforms) -> torch.Tensor:
