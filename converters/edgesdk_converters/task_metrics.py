@@ -27,6 +27,7 @@ DETECTION_IOU = 0.5  # a box matches its reference at this IoU or more (and the 
 # detection: the scores of matched boxes may differ from the reference's by this much on average (BlazeFace INT8:
 # 0.016; a YOLO export whose scores share one INT8 scale with pixel coordinates: 0.2-0.25, steps of ~0.38)
 DETECTION_SCORE_ERROR_MAX = 0.10
+PRESENCE_AGREEMENT_MIN = 0.90  # landmarks: the presence decision must agree with the reference on this share
 
 
 class DetectionAgreement(TaskMetric):
@@ -181,8 +182,11 @@ class PointAgreement(TaskMetric):
 
     name, gate, unit = "p95_point_error_px", "p95_point_error_px", "px"
 
-    def __init__(self, image_size: tuple[int, int] | None) -> None:
+    def __init__(self, image_size: tuple[int, int] | None, presence_threshold: float = 0.5) -> None:
         self.image_size = image_size
+        self.presence_threshold = presence_threshold
+        self.presence_n = self.presence_same = 0
+        self.presence_sum = 0.0
         self.errors = Quantiles()
         self.sum, self.n = 0.0, 0
         self.vis_sum, self.vis_n = 0.0, 0
@@ -201,6 +205,10 @@ class PointAgreement(TaskMetric):
         if a.visibility is not None and b.visibility is not None:
             gap = np.abs(np.asarray(a.visibility, np.float64) - np.asarray(b.visibility, np.float64))
             self.vis_sum, self.vis_n = self.vis_sum + float(gap.sum()), self.vis_n + gap.size
+        if a.presence is not None and b.presence is not None:  # is the object there: the same answer as float's?
+            self.presence_n += 1
+            self.presence_same += int((a.presence > self.presence_threshold) == (b.presence > self.presence_threshold))
+            self.presence_sum += abs(a.presence - b.presence)
 
     def value(self):
         return self.errors.quantile(0.95)
@@ -217,7 +225,17 @@ class PointAgreement(TaskMetric):
     def details(self):
         return {"p95_point_error_px": self.value(), "mean_point_error_px": self.sum / self.n if self.n else 0.0,
                 "max_point_error_px": self.errors.max, "points": self.n,
-                "visibility_error": self.vis_sum / self.vis_n if self.vis_n else None}
+                "visibility_error": self.vis_sum / self.vis_n if self.vis_n else None,
+                "presence_agreement": self.presence_same / self.presence_n if self.presence_n else None,
+                "presence_error": self.presence_sum / self.presence_n if self.presence_n else None}
+
+    def failure(self):
+        agreement = self.presence_same / self.presence_n if self.presence_n else None
+        if agreement is not None and agreement < PRESENCE_AGREEMENT_MIN:
+            return (f"the presence decision (score > {self.presence_threshold:g}) agrees with the reference on "
+                    f"{100 * agreement:.1f}% of samples (< {100 * PRESENCE_AGREEMENT_MIN:.0f}%): the points may "
+                    "agree, the answer whether there is an object does not")
+        return None
 
 
 class Quantiles:
@@ -259,7 +277,7 @@ def metric_for(task: TaskSpec, image_size: tuple[int, int] | None = None) -> Tas
     if kind is TaskType.TEXT:
         return TextAgreement()
     if kind is TaskType.LANDMARKS:
-        return PointAgreement(image_size)
+        return PointAgreement(image_size, task.params["presence_threshold"])
     if kind in (TaskType.REGRESSION, TaskType.PROBABILITY):
         return ValueAgreement(task)
     if kind is TaskType.EMBEDDING:

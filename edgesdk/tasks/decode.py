@@ -115,7 +115,14 @@ def decode_landmarks(spec: TaskSpec, outputs: list[np.ndarray], output_names: li
                               f"{points.shape[0]} points)")
         if spec.visibility_activation == "sigmoid":
             visibility = sigmoid(visibility)
-    return Decoded(spec.type.value, landmarks=Landmarks(points, visibility))
+    presence = None
+    if spec.output_index("presence", output_names) is not None:
+        score = _any_rank(spec, outputs, output_names, "presence", "[1, 1] (one score)").reshape(-1)
+        if score.size != 1:
+            raise shape_error("presence", output_name(spec, "presence"),
+                              np.shape(outputs[spec.output_index("presence", output_names)]), "one score: [1, 1]")
+        presence = float(sigmoid(score)[0] if spec.presence_activation == "sigmoid" else score[0])
+    return Decoded(spec.type.value, landmarks=Landmarks(points, visibility, presence))
 
 
 __all__ = ["decode", "decode_landmarks"]

@@ -20,7 +20,8 @@ detection       anchors: boxes, scores; yolo: predictions;  format, score_thresh
                                                             objectness, box_format, normalized
 segmentation    map                                         kind, threshold, channel_axis, activation, uncertain
 text            logits                                      charset, blank, activation
-landmarks       points (+ visibility)                       dims, coordinates, visibility_activation
+landmarks       points (+ visibility, presence)             dims, coordinates, visibility_activation,
+                                                            presence_activation, presence_threshold
 regression      values                                      range, threshold
 probability     values                                      range, threshold
 embedding       embedding                                   normalize
@@ -149,9 +150,11 @@ _TYPES: dict[TaskType, tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple[A
         "uncertain": ((0.3, 0.7), _band)}),
     TaskType.TEXT: (("logits",), (), {"charset": (None, _charset), "blank": (0, _integer(0, MAX_CHARSET)),
                                       "activation": ("none", _one_of("none", "softmax"))}),
-    TaskType.LANDMARKS: (("points",), ("visibility",), {
+    TaskType.LANDMARKS: (("points",), ("visibility", "presence"), {
         "dims": (2, _integer(2, 3)), "coordinates": ("pixels", _one_of("pixels", "normalized")),
-        "visibility_activation": ("sigmoid", _one_of("sigmoid", "none"))}),
+        "visibility_activation": ("sigmoid", _one_of("sigmoid", "none")),
+        # presence: one score that the object is there at all (MediaPipe's face mesh: a logit, present above 0.5)
+        "presence_activation": ("sigmoid", _one_of("sigmoid", "none")), "presence_threshold": (0.5, _SHARE)}),
     TaskType.REGRESSION: (("values",), (), {"range": (None, _pair), "threshold": (None, _number())}),
     TaskType.PROBABILITY: (("values",), (), {"range": ((0.0, 1.0), _pair), "threshold": (0.5, _number())}),
     TaskType.EMBEDDING: (("embedding",), (), {"normalize": (True, _BOOL)}),

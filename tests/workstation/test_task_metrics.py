@@ -296,3 +296,15 @@ def test_detection_fails_on_score_error_when_the_boxes_agree():
         assert metric.value() == 1.0
         assert (metric.failure() is not None) is fails, (moved, metric.failure())
     assert DETECTION_SCORE_ERROR_MAX == 0.10
+
+
+def test_landmarks_fail_when_the_presence_decision_disagrees_though_the_points_agree():
+    points = np.zeros((4, 2))
+    for flipped, fails in ((3, True), (0, False)):
+        m = PointAgreement((100, 100))
+        for i in range(20):
+            ref = Landmarks(points, presence=0.9)
+            own = Landmarks(points, presence=0.2 if i < flipped else 0.85)
+            m.add(Decoded("landmarks", landmarks=own), Decoded("landmarks", landmarks=ref), [], [])
+        assert m.value() == 0.0 and m.details()["presence_agreement"] == pytest.approx(1 - flipped / 20)
+        assert (m.failure() is not None) is fails, m.failure()

@@ -281,11 +281,15 @@ def test_silero_constant_int8_fails_with_the_dead_output_reason(run):
 @pytest.mark.parametrize("run", ["face_landmark"], indirect=True)
 def test_face_mesh_is_judged_by_point_error_in_pixels(run):
     """The face landmark gate compared the largest of 1,404 coordinates; now the 468 points' error in pixels of the
-    192x192 input (mean and p95), gated at 1% of the input diagonal (2.7 px), and every artifact that passed loads."""
+    192x192 input (mean and p95), gated at 1% of the input diagonal (2.7 px), and the face-presence decision against
+    float's; every artifact that passed loads."""
     assert run.manifest["task"]["type"] == "landmarks" and run.manifest["task"]["dims"] == 3
     for aid, entry in _entries(run).items():
         assert entry["metric"] == "p95_point_error_px" and entry["drop_unit"] == "px", (aid, entry)
         assert entry["details"]["mean_point_error_px"] >= 0.0 and entry["metric_value"] >= 0.0, (aid, entry)
+        # the face-presence logit is judged too (its decision at 0.5 against float's), no longer a blind output
+        assert entry["details"]["presence_agreement"] is not None, (aid, entry)
+        assert entry["passed"] is False or entry["details"]["presence_agreement"] >= 0.9, (aid, entry)
         if aid.endswith("-fp32"):  # a faithful float conversion: a hundredth of a pixel
             assert entry["details"]["mean_point_error_px"] < 0.01 and entry["passed"], (aid, entry)
         assert entry["passed"] is (entry["metric_value"] <= entry["max_drop"] + 1e-9 and not entry["dead_output"])

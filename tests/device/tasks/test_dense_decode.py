@@ -203,3 +203,16 @@ def test_value_errors():
         decode(TaskSpec.make("probability", {"values": "p"}), [np.zeros((2, 1))], ["p"])
     with pytest.raises(InputError, match=r"decode got 1 output\(s\) for 2 name\(s\)"):
         decode(TaskSpec.make("probability", {"values": "p"}), [np.zeros((1, 1))], ["p", "q"])
+
+
+def test_a_presence_logit_becomes_the_landmarks_presence_score():
+    """MediaPipe's face mesh: 468 x 3 points and one face-presence logit ([1, 1, 1, 1]) read through a sigmoid."""
+    spec = TaskSpec.make("landmarks", {"points": "pts", "presence": "face"}, dims=3).resolved(["pts", "face"])
+    points = np.arange(468 * 3, dtype=np.float32).reshape(1, 1, 1, 1404) % 190
+    found = decode(spec, [points, np.array([[[[2.0]]]], np.float32)], ["pts", "face"]).landmarks
+    assert found.points.shape == (468, 3) and found.presence == pytest.approx(1 / (1 + np.exp(-2.0)))
+    raw = TaskSpec.make("landmarks", {"points": "pts", "presence": "face"}, presence_activation="none")
+    assert decode(raw, [points[..., :4], np.array([[0.25]], np.float32)], ["pts", "face"]).landmarks.presence == 0.25
+    with pytest.raises(InputError, match=r"role 'presence' \(output 'face'\) .*one score"):
+        decode(raw, [points[..., :4], np.zeros((1, 2), np.float32)], ["pts", "face"])
+    assert decode(TaskSpec.make("landmarks", {"points": "pts"}), [points[..., :4]], ["pts"]).landmarks.presence is None
