@@ -33,7 +33,8 @@ import numpy as np
 from edgesdk.engines import Engine, open_engine
 from edgesdk.errors import BackendUnavailable, ConversionError, InputError
 from edgesdk.runtime.numerics import run_as_given
-from edgesdk.tasks.geometry import input_image_size
+from edgesdk.tasks.decode import decode
+from edgesdk.tasks.geometry import Transform, input_image_size
 from edgesdk.tasks import TaskSpec, TaskType
 
 from .calibration import Dataset
@@ -186,20 +187,14 @@ class _Decoder:
 
     def __init__(self, spec: TaskSpec, names: list[str], image_size: tuple[int, int] | None) -> None:
         self.spec, self.names = spec, names
-        self.transform = None
-        if spec.type in DECODED:
-            from edgesdk.tasks.decode import decode
-            from edgesdk.tasks.geometry import Transform
-
-            self.decode = decode
-            self.transform = Transform.identity(*image_size) if image_size is not None else None
+        self.transform = Transform.identity(*image_size) if image_size is not None else None
 
     def __call__(self, aid: str, outputs: list[np.ndarray], cache: dict[str, Any]) -> Any:
         if self.spec.type not in DECODED:
             return None
         if aid not in cache:
             try:
-                cache[aid] = self.decode(self.spec, outputs, self.names, transform=self.transform)
+                cache[aid] = decode(self.spec, outputs, self.names, transform=self.transform)
             except InputError as exc:
                 raise ConversionError(f"task {self.spec.type} cannot decode the outputs of {aid}: {exc}") from exc
         return cache[aid]

@@ -51,22 +51,20 @@ class BundleIO:
         self._inputs = self.inputs
         self._shapes = [tuple(t["shape"]) for t in self._inputs]
         self._dtypes = [_numpy_dtype(t["dtype"]) for t in self._inputs]
-        self._post = bundle.manifest.get("postprocess") or {}
-        self._softmax = bool(self._post.get("softmax"))
-        top_k = self._post.get("top_k", 5)
-        # a manifest value: anything but a non-negative int gives the default rather than a crash at predict
-        self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
         self.labels = bundle.labels
         self._labels = self.labels
         self.task = task_of(bundle.manifest)
         self.output_names = self._output_names = [t["name"] for t in bundle.manifest["outputs"]]
-        # a classifier's scores: the output its task names (not always the first), softmax as its task says
+        # a classifier's scores: the output its task names (not always the first), softmax and top-k as its task
+        # says (a bundle from before tasks: as its postprocess says)
         self._classifier = self.task.type == "classification"
         self._scores_at = (self.task.output_index("scores", self._output_names) or 0) if self._classifier else 0
-        if self._classifier and bundle.manifest.get("task"):
-            self._softmax = bool(self.task.params.get("softmax"))
-            top_k = self.task.params.get("top_k", top_k)
-            self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
+        post = self.task.params if self._classifier and bundle.manifest.get("task") else \
+            (bundle.manifest.get("postprocess") or {})
+        self._softmax = bool(post.get("softmax"))
+        top_k = post.get("top_k", 5)
+        # a manifest value: anything but a non-negative int gives the default rather than a crash at predict
+        self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5
         # (height, width) of an image model's input: arrays fed to it are in its pixels (the identity transform)
         self._image_size = self._pre.size if self._pre is not None else input_image_size(self._shapes[0])
 
@@ -97,17 +95,15 @@ class BundleIO:
 
     def prepare(self, x: Any) -> tuple[list[np.ndarray], Transform | None]:
         """:meth:`feeds` and where the model input's pixels lie in the original image (a
-        :class:`~edgesdk.tasks.geometry.Transform`: an image through the preprocess gets its resize, an array for an
-        image model the identity, a model that takes no image None), which decoding maps boxes, points and masks
-        back with."""
+        :class:`~edgesdk.tasks.geometry.Transform`: an image through the preprocess gets its resize; an array None,
+        which :meth:`decode` reads as the model input's own pixels), which decoding maps boxes, points and masks back
+        with."""
         feeds, transform = self._prepared(x)
         for spec, feed in zip(self._inputs, feeds):
             if "fixed" in spec and not np.all(feed == spec["fixed"]):
                 raise InputError(f"model {self.name!r} was specialized for {spec['name']} = {spec['fixed']!r} when "
                                  f"it was quantized; it cannot take another value (leave {spec['name']!r} out and "
                                  "it is filled in)")
-        if transform is None and self._image_size is not None:
-            transform = Transform.identity(*self._image_size)
         return feeds, transform
 
     def _prepared(self, x: Any) -> tuple[list[np.ndarray], Transform | None]:

@@ -242,7 +242,7 @@ def decode_detection(spec: TaskSpec, outputs: list[np.ndarray], output_names: li
         keypoints = None if points is None else tuple((float(x), float(y)) for x, y in points[row])
         detections.append(Detection(tuple(float(v) for v in kept[row]), float(found.scores[i]), class_index,
                                     label_of(labels, class_index), keypoints))
-    return Decoded(spec.type.value, detections=detections)
+    return Decoded(spec.type.value, detections=detections, model_scores=found.scores)
 
 
 __all__ = ["Candidates", "ssd_anchors", "candidate_scores", "candidates", "nms", "decode_detection"]

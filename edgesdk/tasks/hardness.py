@@ -62,21 +62,21 @@ def signals(spec: TaskSpec, decoded: Decoded, outputs: list[np.ndarray],
     kind = spec.type
     if kind is TaskType.DETECTION:
         low, high = spec.uncertain
-        scores = candidate_scores(spec, outputs, output_names)
+        scores = _read(decoded, lambda: candidate_scores(spec, outputs, output_names))
         reaching = scores[scores >= low]
         kept = [d.score for d in decoded.detections or []]
         return {"uncertain_share": float(np.mean(reaching < high)) if reaching.size else 0.0,
                 "min_kept_score": float(min(kept)) if kept else None}
     if kind is TaskType.SEGMENTATION:
         low, high = spec.uncertain
-        probs = probabilities(spec, outputs, output_names)
+        probs = _read(decoded, lambda: probabilities(spec, outputs, output_names))
         if spec.kind == "probability":
             unsure = (probs[0] >= low) & (probs[0] < high)
         else:
             unsure = np.max(probs, axis=0) < high
         return {"uncertain_pixel_share": float(np.mean(unsure))}
     if kind is TaskType.TEXT:
-        probs = step_probabilities(spec, outputs, output_names)
+        probs = _read(decoded, lambda: step_probabilities(spec, outputs, output_names))
         confidences = decoded.text.char_confidences if decoded.text is not None else ()
         margin = None
         if probs.shape[0] and probs.shape[1] >= 2:
@@ -93,6 +93,12 @@ def signals(spec: TaskSpec, decoded: Decoded, outputs: list[np.ndarray],
         distance = np.min(np.abs(np.asarray(decoded.values, dtype=np.float64) - spec.threshold)) / (hi - lo)
         return {"threshold_distance": float(distance)}
     return {}
+
+
+def _read(decoded: Decoded, compute) -> np.ndarray:
+    """What the decoding already read (``decoded.model_scores``), else computed from the outputs (a ``Decoded``
+    made elsewhere)."""
+    return decoded.model_scores if decoded.model_scores is not None else compute()
 
 
 __all__ = ["SIGNALS", "signals_of", "is_hard", "signals"]

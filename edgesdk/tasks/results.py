@@ -98,6 +98,9 @@ class Decoded:
     landmarks: Landmarks | None = None
     embedding: np.ndarray | None = field(default=None, repr=False)
     values: np.ndarray | None = None
+    # what the decoding read, in the model's own space, kept so the hardness signals do not compute it again: a
+    # detector's candidate scores [N], a segmenter's probabilities [C, H, W], a text model's step probabilities [T, C]
+    model_scores: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"task": self.task}

@@ -69,7 +69,8 @@ def decode_segmentation(spec: TaskSpec, outputs: list[np.ndarray], output_names:
             prob = transform.map_to_original(prob)
         mask = prob > spec.threshold
         score = float(prob[mask].mean()) if mask.any() else 0.0
-        return Decoded(spec.type.value, masks=[Mask(mask, 0, label_of(labels, 0), score)], score_map=prob)
+        return Decoded(spec.type.value, masks=[Mask(mask, 0, label_of(labels, 0), score)], score_map=prob,
+                       model_scores=probs)
     classes = np.argmax(probs, axis=0)
     top = np.max(probs, axis=0)
     if transform is not None:
@@ -79,7 +80,7 @@ def decode_segmentation(spec: TaskSpec, outputs: list[np.ndarray], output_names:
     for index in np.unique(classes):
         mask = classes == index
         masks.append(Mask(mask, int(index), label_of(labels, int(index)), float(top[mask].mean())))
-    return Decoded(spec.type.value, masks=masks, score_map=classes)
+    return Decoded(spec.type.value, masks=masks, score_map=classes, model_scores=probs)
 
 
 def _scaled(transform: Transform, size: tuple[int, int]) -> Transform:

@@ -60,10 +60,11 @@ def characters(spec: TaskSpec, classes: np.ndarray) -> list[str]:
 
 def decode_text(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str]) -> Decoded:
     """The text line of one prediction."""
-    classes, confidence = greedy(step_probabilities(spec, outputs, output_names), spec.blank)
+    probs = step_probabilities(spec, outputs, output_names)
+    classes, confidence = greedy(probs, spec.blank)
     chars = characters(spec, classes)
     text = "".join(chars) if spec.charset is not None else " ".join(chars)
-    return Decoded(spec.type.value, text=TextLine(text, tuple(float(c) for c in confidence)))
+    return Decoded(spec.type.value, text=TextLine(text, tuple(float(c) for c in confidence)), model_scores=probs)
 
 
 __all__ = ["step_probabilities", "greedy", "characters", "decode_text"]
