@@ -140,6 +140,40 @@ def _text_image(rng, height: int, width: int):
     return np.asarray(image, dtype=np.float32) / 255.0  # HxWx3 in [0, 1]
 
 
+def text_lines(n: int, seed: int = 0, height: int = 48, width: int = 320) -> tuple[np.ndarray, list[str]]:
+    """``n`` lines of words the PP-OCRv4 recognizer can read, with their truth, fed as rapidocr 1.4.4 feeds a cropped
+    line: one to four words in Pillow's scalable default font on a tight strip (``_text_image``'s 11-pixel bitmap font
+    in a 48-pixel strip is unreadable to the float model itself), resized to ``height`` keeping its aspect, normalized
+    ((x / 255 - 0.5) / 0.5) and padded on the right with zeros to ``width`` (rapidocr's resize_norm_img).
+    Returns (x [n, 3, height, width] float32, the texts)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    words = ["edge", "SDK", "INT8", "2026", "model", "text", "OCR", "hello", "world", "12.50", "quant", "fast", "CPU",
+             "phone", "board", "Device", "cloud", "Batch", "layer", "float", "355", "7.5%", "NPU", "Linux"]
+    x = np.zeros((n, 3, height, width), np.float32)
+    truths = []
+    for i in range(n):
+        line = [str(w) for w in rng.choice(words, size=int(rng.integers(1, 5)))]
+        font = ImageFont.load_default(size=int(rng.integers(28, 36)))
+        gap = font.size // 2  # a clear space between words: the font's own is narrow enough to be read as none
+        sizes = [font.getbbox(w) for w in line]
+        strip_w = 8 + sum(b[2] - b[0] for b in sizes) + gap * (len(line) - 1)
+        strip_h = int(font.size * 1.4)
+        image = Image.new("RGB", (strip_w, strip_h), tuple(int(v) for v in rng.integers(200, 256, 3)))
+        draw = ImageDraw.Draw(image)
+        ink = tuple(int(v) for v in rng.integers(0, 80, 3))
+        left = 4
+        for w, (x1, y1, x2, y2) in zip(line, sizes):
+            draw.text((left - x1, (strip_h - font.size) // 2), w, font=font, fill=ink)
+            left += x2 - x1 + gap
+        fit = min(width, int(np.ceil(height * strip_w / strip_h)))
+        resized = np.asarray(image.resize((fit, height), Image.BILINEAR), np.float32) / 255.0
+        x[i, :, :, :fit] = ((resized - 0.5) / 0.5).transpose(2, 0, 1)
+        truths.append(" ".join(line))
+    return x, truths
+
+
 def _face_image(rng, size: int):
     """A skin-toned ellipse with two eyes and a mouth on a noisy background: enough structure for a face model."""
     from PIL import Image, ImageDraw

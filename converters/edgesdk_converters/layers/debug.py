@@ -1,0 +1,226 @@
+"""``edgesdk debug``: each INT8 artifact of a bundle against its engine's float artifact, layer by layer, named by
+the source model so that the engines' reports line up.
+
+The inputs are the bundle's golden inputs (the first validation samples, stored in every bundle) or a dataset
+(``--val``). The source's names come from the golden float artifact (:mod:`.align`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from edgesdk.errors import ConversionError
+
+from . import Layer, probe_for
+from .align import align
+from .compare import LayerError, compare, worst
+
+GOLDEN_ORDER = ("onnxruntime-fp32", "openvino-fp32", "litert-fp32")
+DEFAULT_SAMPLES = 4
+
+
+@dataclass
+class EngineReport:
+    """One INT8 artifact's layers (``rows``, in the artifact's order) against its float reference."""
+
+    artifact: str
+    engine: str
+    reference: str
+    rows: list[LayerError]
+    seconds: float
+    unmatched: int = 0  # layers the source's names could not be found for
+
+    def as_dict(self, top: int | None = None) -> dict:
+        ranked = worst(self.rows)
+        total = sum(r.macs for r in self.rows) or 0
+        return {"artifact": self.artifact, "engine": self.engine, "reference": self.reference,
+                "layers": len(self.rows), "unmatched_layers": self.unmatched, "macs": total,
+                "int8_macs": sum(r.macs for r in self.rows if r.quantized), "seconds": round(self.seconds, 2),
+                "worst": [r.as_dict() for r in (ranked if top is None else ranked[:top])],
+                "along": [r.as_dict() for r in self.rows]}
+
+
+@dataclass
+class DebugReport:
+    bundle: str
+    source_reference: str
+    samples: int
+    engines: list[EngineReport] = field(default_factory=list)
+    source_order: dict[str, int] = field(default_factory=dict)  # source tensor name -> its place in the source
+
+    def as_dict(self, top: int | None = None) -> dict:
+        return {"bundle": self.bundle, "source_reference": self.source_reference, "samples": self.samples,
+                "artifacts": [e.as_dict(top) for e in self.engines]}
+
+
+def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, data: Any = None,
+                 samples: int = DEFAULT_SAMPLES, say: Callable[[str], None] = lambda s: None,
+                 progress: Callable[[str], Callable[[Iterable], Iterable]] = lambda desc: iter) -> DebugReport:
+    """Compare every INT8 artifact of the bundle (or those named in ``artifacts``) with its float reference."""
+    from edgesdk.bundle.reader import Bundle
+
+    bundle = Bundle.open(bundle_path)
+    by_id = {a.id: a for a in bundle.artifacts}
+    int8 = [a for a in bundle.artifacts if a.precision == "int8"]
+    if artifacts:
+        unknown = [a for a in artifacts if a not in by_id]
+        if unknown:
+            raise ConversionError(f"bundle {bundle.name!r} has no artifact {', '.join(map(repr, unknown))} "
+                                  f"(artifacts: {', '.join(by_id)})")
+        not_int8 = [a for a in artifacts if by_id[a].precision != "int8"]
+        if not_int8:
+            raise ConversionError(f"{', '.join(not_int8)} is not an INT8 artifact: debug compares an INT8 artifact "
+                                  f"with its float reference (INT8 artifacts: {', '.join(a.id for a in int8) or 'none'})")
+        int8 = [by_id[a] for a in artifacts]
+    if not int8:
+        raise ConversionError(f"bundle {bundle.name!r} has no INT8 artifact to debug")
+    feeds = _samples(bundle, data, samples)
+    golden_id = next((i for i in GOLDEN_ORDER if i in by_id), None)
+    if golden_id is None:
+        raise ConversionError(f"bundle {bundle.name!r} has no float artifact to name layers by")
+    golden = by_id[golden_id]
+    report = DebugReport(str(bundle_path), golden_id, len(feeds))
+    with _Opened(golden) as source:
+        source_layers = source.probe.layers()
+        source_values = source.probe.capture(feeds[0])
+        source_layers = source.probe.layers()  # MACs at the sample's shapes
+        source_nodes = {l.name: l.node for l in source_layers}
+        report.source_order = {l.name: k for k, l in enumerate(source_layers)}
+        for art in int8:
+            ref_id = art.entry.get("reference") or f"{art.engine}-fp32"
+            ref = by_id.get(ref_id) or next((a for a in bundle.artifacts if a.engine == art.engine
+                                             and a.precision == "fp32"), None)
+            if ref is None:
+                raise ConversionError(f"{art.id} has no float artifact of its engine in the bundle to compare with")
+            say(f"[{art.id}] against {ref.id}, {len(feeds)} samples")
+            started = time.perf_counter()
+            with _Opened(ref, source if ref.id == golden.id else None) as fp, _Opened(art) as q:
+                names = _source_names(fp.probe, feeds[0], source_layers, source_values, source_nodes,
+                                      same=ref.id == golden.id)
+                rows = compare(fp.probe, q.probe, feeds, names, progress=progress(f"[{art.id}] layers"))
+            unmatched = sum(1 for r in rows if r.source is None)
+            report.engines.append(EngineReport(art.id, art.engine, ref.id, rows, time.perf_counter() - started,
+                                               unmatched))
+    return report
+
+
+def source_names(float_probe, sample: list[np.ndarray], source_probe) -> dict[str, tuple[str, str]]:
+    """{float artifact layer name: (source node name, source tensor name)}, the source being another probe."""
+    source_values = source_probe.capture(sample)
+    layers = source_probe.layers()
+    return _source_names(float_probe, sample, layers, source_values, {l.name: l.node for l in layers},
+                         same=float_probe is source_probe)
+
+
+def _source_names(probe, sample, source_layers: list[Layer], source_values, source_nodes, same: bool
+                  ) -> dict[str, tuple[str, str]]:
+    values = source_values if same else probe.capture(sample)
+    matched = align(source_layers, source_values, probe.layers(), values)
+    return {name: (source_nodes[src], src) for name, src in matched.items()}
+
+
+def _samples(bundle, data: Any, count: int) -> list[list[np.ndarray]]:
+    if count < 1:
+        raise ConversionError(f"--samples must be at least 1, got {count}")
+    if data is None:
+        from edgesdk.runtime.numerics import golden_feeds
+
+        return golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[:count]
+    from edgesdk.engines import TensorSpec
+
+    from ..calibration import read_dataset
+
+    inputs = [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in bundle.manifest["inputs"]]
+    ds = read_dataset(data, inputs, bundle.preprocess(), None, "debug")
+    return [ds.load(i) for i in range(min(count, len(ds)))]
+
+
+class _Opened:
+    """A probe on an artifact for a ``with`` block (``shared``: an already open one to use instead)."""
+
+    def __init__(self, artifact, shared: "_Opened | None" = None) -> None:
+        self.artifact, self.shared, self.probe = artifact, shared, None
+
+    def __enter__(self) -> "_Opened":
+        self.probe = self.shared.probe if self.shared is not None else probe_for(
+            self.artifact.engine, self.artifact.model_path, self.artifact.runtime)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.shared is None and self.probe is not None:
+            self.probe.close()
+
+
+# -- printing ---------------------------------------------------------------------------------------------------
+def text(report: DebugReport, top: int = 10) -> str:
+    """The worst ``top`` layers of each artifact by added error, then the names the engines share."""
+    lines = [f"layer-by-layer INT8 error of {report.bundle} on {report.samples} samples, layers named by "
+             f"{report.source_reference} (the source model's node names); SNR in dB, higher is better; added: the "
+             f"layer alone on float inputs, accumulated: everything before it quantized too"]
+    for e in report.engines:
+        total = sum(r.macs for r in e.rows)
+        lines += ["", f"{e.artifact} against {e.reference}: {len(e.rows)} layers"
+                  + (f" ({e.unmatched} not found in the source)" if e.unmatched else "")
+                  + (f", {total / 1e6:.1f} MMAC" if total else "") + f", {e.seconds:.1f} s",
+                  f"  {'#':>3}  {'layer (source node)':<34} {'op':<14} {'added':>7} {'accum.':>7} {'cosine':>8} "
+                  f"{'max|err|':>9} {'mean|err|':>9} {'MMAC':>7}"]
+        for k, r in enumerate(worst(e.rows, top), 1):
+            added = r.added.snr_db if r.added is not None and r.added.count else None
+            acc = r.accumulated
+            lines.append(f"  {k:>3}  {_cut(r.source or '(' + r.node + ')', 34):<34} {_cut(r.op, 14):<14} "
+                         f"{_db(added):>7} {_db(acc.snr_db):>7} {acc.cosine:>8.5f} {acc.max_abs:>9.4g} "
+                         f"{acc.abs_sum / max(acc.count, 1):>9.4g} {r.macs / 1e6:>7.2f}")
+    if len(report.engines) > 1:
+        tops = [{r.source for r in worst(e.rows, top) if r.source} for e in report.engines]
+        shared = set.intersection(*tops)
+        lines += ["", f"in every artifact's worst {top}: " + (", ".join(sorted(shared)) if shared else "none")]
+    return "\n".join(lines)
+
+
+def plot(report: DebugReport, path: Path) -> Path:
+    """SNR (accumulated, and added as dots) along the network, one line per artifact, x = the source's layer order."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConversionError("--plot needs matplotlib (pip install matplotlib)") from exc
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for e in report.engines:
+        rows = [(report.source_order[r.source_tensor], r) for r in e.rows if r.source_tensor in report.source_order]
+        rows.sort(key=lambda pair: pair[0])
+        line = ax.plot([x for x, _ in rows], [_clip(r.accumulated.snr_db) for _, r in rows],
+                       label=f"{e.artifact} accumulated", linewidth=1)[0]
+        added = [(x, _clip(r.added.snr_db)) for x, r in rows if r.added is not None and r.added.count]
+        if added:
+            ax.scatter(*zip(*added), s=6, color=line.get_color(), label=f"{e.artifact} added")
+    ax.set_xlabel(f"layer, in the order of the source model ({report.source_reference})")
+    ax.set_ylabel("SNR (dB)")
+    ax.set_title(f"INT8 against float, layer by layer: {Path(report.bundle).name}")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _clip(db: float) -> float:
+    return max(-10.0, min(80.0, db))
+
+
+def _db(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if value == float("inf") else f"{value:.1f}"
+
+
+def _cut(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
