@@ -91,12 +91,12 @@ class LayerError:
 
 
 def compare(float_probe: Probe, int8_probe: Probe, samples: Iterable[list[np.ndarray]],
-            names: dict[str, tuple[str, str]] | None = None, isolate: bool = True,
+            names: Callable[[Layer], tuple[str, str] | None] = lambda layer: None, isolate: bool = True,
             progress: Callable[[Iterable], Iterable] = iter) -> list[LayerError]:
     """Every layer of ``int8_probe`` found in ``float_probe``, its errors summed over ``samples``, in the INT8
-    artifact's order. ``names``: {layer name: (source node name, source tensor name)} from :mod:`.align`.
-    ``isolate=False`` skips the added error (one run per sample instead of one per layer per sample)."""
-    names = names or {}
+    artifact's order. ``names``: a layer's (source node name, source tensor name), None when unknown
+    (:class:`~.debug.SourceNames`). ``isolate=False`` skips the added error (one run per sample instead of one per
+    layer per sample)."""
     rows: dict[str, LayerError] = {}
     layers: list[Layer] = []
     for sample in progress(list(samples)):
@@ -104,7 +104,7 @@ def compare(float_probe: Probe, int8_probe: Probe, samples: Iterable[list[np.nda
         if not layers:
             layers = [l for l in int8_probe.layers() if l.name in ref and l.name in own]
             for k, l in enumerate(layers):
-                source = names.get(l.name)
+                source = names(l)
                 rows[l.name] = LayerError(l.name, l.op, l.node, k, l.macs, l.quantized,
                                           source[0] if source else None, source[1] if source else None)
         for l in layers:

@@ -89,7 +89,6 @@ def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, da
         source_layers = source.probe.layers()
         source_values = source.probe.capture(feeds[0])
         source_layers = source.probe.layers()  # MACs at the sample's shapes
-        source_nodes = {l.name: l.node for l in source_layers}
         report.source_order = {l.name: k for k, l in enumerate(source_layers)}
         for art in int8:
             ref_id = art.entry.get("reference") or f"{art.engine}-fp32"
@@ -100,8 +99,7 @@ def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, da
             say(f"[{art.id}] against {ref.id}, {len(feeds)} samples")
             started = time.perf_counter()
             with _Opened(ref, source if ref.id == golden.id else None) as fp, _Opened(art) as q:
-                names = _source_names(fp.probe, feeds[0], source_layers, source_values, source_nodes,
-                                      same=ref.id == golden.id)
+                names = SourceNames.build(fp.probe, feeds[0], source_layers, source_values, same=ref.id == golden.id)
                 rows = compare(fp.probe, q.probe, feeds, names, progress=progress(f"[{art.id}] layers"))
             unmatched = sum(1 for r in rows if r.source is None)
             report.engines.append(EngineReport(art.id, art.engine, ref.id, rows, time.perf_counter() - started,
@@ -109,19 +107,50 @@ def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, da
     return report
 
 
-def source_names(float_probe, sample: list[np.ndarray], source_probe) -> dict[str, tuple[str, str]]:
-    """{float artifact layer name: (source node name, source tensor name)}, the source being another probe."""
-    source_values = source_probe.capture(sample)
-    layers = source_probe.layers()
-    return _source_names(float_probe, sample, layers, source_values, {l.name: l.node for l in layers},
-                         same=float_probe is source_probe)
+class SourceNames:
+    """The source model's name of an engine's layer: the source layer holding the same numbers (:func:`align`), or,
+    for a layer that multiplies (a convolution whose bias, batch norm or activation the engine folded into it), the
+    source's multiplying op those numbers come from, so that a convolution has one name on every engine."""
 
+    WALK = 6  # how many folded ops (bias Add, BatchNormalization, Relu...) back a multiplying op is looked for
 
-def _source_names(probe, sample, source_layers: list[Layer], source_values, source_nodes, same: bool
-                  ) -> dict[str, tuple[str, str]]:
-    values = source_values if same else probe.capture(sample)
-    matched = align(source_layers, source_values, probe.layers(), values)
-    return {name: (source_nodes[src], src) for name, src in matched.items()}
+    def __init__(self, source_layers: list[Layer], matched: dict[str, str], layers: list[Layer] = ()) -> None:
+        self.source = {l.name: l for l in source_layers}
+        self.matched = matched
+        # an engine op that split a source op in two (OpenVINO: a bias-free Convolution, then an Add holding the
+        # source's name and numbers): the multiplying half is named through its one consumer
+        self.consumer: dict[str, Layer] = {}
+        readers: dict[str, list[Layer]] = {}
+        for l in layers:
+            for i in l.inputs:
+                readers.setdefault(i, []).append(l)
+        self.consumer = {name: users[0] for name, users in readers.items() if len(users) == 1}
+
+    @classmethod
+    def build(cls, probe, sample: list[np.ndarray], source_layers: list[Layer], source_values: dict,
+              same: bool) -> "SourceNames":
+        values = source_values if same else probe.capture(sample)
+        layers = probe.layers()
+        return cls(source_layers, align(source_layers, source_values, layers, values), layers)
+
+    def __call__(self, layer: Layer) -> tuple[str, str] | None:
+        name = self.matched.get(layer.name, layer.name if layer.name in self.source else None)
+        if name is None and layer.macs > 0 and layer.name in self.consumer and self.consumer[layer.name].macs == 0:
+            user = self.consumer[layer.name]
+            name = self.matched.get(user.name, user.name if user.name in self.source else None)
+        if name is None:
+            return None
+        found = self.source[name]
+        if layer.macs > 0 and found.macs == 0:
+            step = found
+            for _ in range(self.WALK):
+                if not step.inputs or step.inputs[0] not in self.source:
+                    break
+                step = self.source[step.inputs[0]]
+                if step.macs > 0:
+                    found = step
+                    break
+        return found.node, found.name
 
 
 def _samples(bundle, data: Any, count: int) -> list[list[np.ndarray]]:

@@ -57,6 +57,7 @@ class LiteRTProbe:
         self._interpreter = self._open(data, str(self.path))
         try:
             self._model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+            self._data = data  # buffers kept past the flatbuffer (offset/size) are read from here
         except Exception as exc:  # struct.error, IndexError...: the verifier passed what the reader cannot read
             raise ConversionError(f"{self.path} is not a loadable TFLite model: its flatbuffer does not parse "
                                   f"({type(exc).__name__}: {exc})") from exc
@@ -213,10 +214,16 @@ class LiteRTProbe:
 
         def buffer(index: int) -> int:
             old = self._model.buffers[index] if 0 < index < len(self._model.buffers) else None
+            if old is not None and (old.data is None or not len(old.data)) and (old.offset or 0) > 1:
+                # weights stored after the flatbuffer (AI Edge Quantizer writes them so): inline them
+                end = old.offset + (old.size or 0)
+                if end > len(self._data):
+                    raise ConversionError(f"{self.path.name}: buffer {index} points past the end of the file "
+                                          f"({end} > {len(self._data)} bytes): layer {layer.name!r} cannot be cut out")
+                inlined = schema.BufferT()
+                inlined.data = np.frombuffer(self._data, np.uint8, old.size, old.offset)
+                old = inlined
             if old is None or old.data is None or not len(old.data):
-                if old is not None and (old.offset or 0) > 1:
-                    raise ConversionError(f"{self.path.name} keeps its weights past the flatbuffer (a model over 2 "
-                                          f"GB): layer {layer.name!r} cannot be cut out of it")
                 return 0
             if index not in moved:
                 moved[index] = len(buffers)
