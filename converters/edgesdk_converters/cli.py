@@ -1,5 +1,5 @@
-"""The workstation's ``edgesdk`` commands: ``quantize``, ``demo`` (the samples, :mod:`.demo`),
-``calibrate-escalation``.
+"""The workstation's ``edgesdk`` commands: ``quantize``, ``debug`` (layer-by-layer INT8 error, :mod:`.layers`),
+``demo`` (the samples, :mod:`.demo`), ``calibrate-escalation``.
 
 The ``edgesdk`` command finds this module through the ``edgesdk.cli`` entry point of this distribution
 (``edgesdk-converters``) and imports it only to run or list one of its commands. It imports the converters
@@ -170,6 +170,11 @@ def quantize(
                                                     "input value, NAME=VALUE (e.g. sr=16000): the If branches it "
                                                     "decides are folded; the bundle keeps the input and refuses "
                                                     "another value. Repeatable."),
+    recover: str = typer.Option("auto", "--recover", help="Accuracy recovery: auto (an INT8 artifact that fails its "
+                                "gate is quantized again with its most sensitive layers kept in float, the fewest "
+                                "that pass), on (also record that a passing one needed nothing) or off. What was "
+                                "kept, why, and what it cost: edgesdk inspect."),
+    recover_time: float = typer.Option(900.0, "--recover-time", help="Cap on recovery, seconds per artifact."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:
@@ -188,7 +193,7 @@ def quantize(
             name=name, overwrite=force,
             tflite_io=tflite_io, input_shapes=_input_shapes(input_shape), state=_state(state),
             fixed_inputs=_fixed_inputs(fixed_input), progress=not quiet,
-            task=_task(task, task_config, charset), metric=metric,
+            task=_task(task, task_config, charset), metric=metric, recover=recover, recover_time=recover_time,
         )
     except TargetsFailed as exc:
         if exc.bundle is None:
@@ -205,6 +210,34 @@ def quantize(
     else:
         print(result.table())
         print(f"\nbundle written to {result.bundle}")
+
+
+@app.command()
+def debug(
+    bundle: Path = typer.Argument(..., help="A bundle written by edgesdk quantize."),
+    artifact: Optional[List[str]] = typer.Option(None, "--artifact", "-a", help="An INT8 artifact id to debug "
+                                                 "(repeatable; default: every INT8 artifact)."),
+    val: Optional[Path] = typer.Option(None, "--val", help="Inputs to compare on, same forms as quantize --calib "
+                                       "(default: the bundle's golden inputs)."),
+    samples: int = typer.Option(4, "--samples", help="How many inputs to compare on."),
+    top: int = typer.Option(10, "--top", help="How many of the worst layers to print per artifact."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of SNR along the network, every artifact "
+                                        "on one chart (needs matplotlib)."),
+    as_json: bool = typer.Option(False, "--json", help="Print every layer's numbers as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+) -> None:
+    """Find where INT8 loses accuracy: each INT8 artifact against its engine's float artifact, layer by layer, named
+    by the source model's nodes so the engines' reports line up. Per layer: the error it adds (run alone on float
+    inputs) and the error accumulated up to it (SNR in dB, cosine, max/mean |error|); the worst layers first."""
+    if samples < 1 or top < 1:
+        raise typer.BadParameter("--samples and --top must be at least 1")
+    from .layers.debug import debug_bundle, plot as draw, text
+
+    say = (lambda line: None) if quiet or as_json else (lambda line: print(line, file=sys.stderr))
+    report = debug_bundle(bundle, artifact or None, val, samples, say)
+    if plot is not None:
+        say(f"plot written to {draw(report, plot)}")
+    print(json.dumps(report.as_dict(top), indent=1) if as_json else text(report, top))
 
 
 @app.command()

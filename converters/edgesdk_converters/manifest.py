@@ -32,6 +32,8 @@ def build_manifest(src, pre, label_names, built, work, calib_samples, calib_ds, 
         if b.precision == "int8":
             entry["method"] = b.method
             entry["reference"] = next(r.id for r in built if r.engine == b.engine and r.precision == "fp32")
+            if b.recovery is not None:
+                entry["recovery"] = b.recovery
         artifacts.append(entry)
     golden_path = work / "golden.npz"
     # "stacked": each tensor's samples on a new first axis, exact for a [2, 1, 128] state or a scalar. When every

@@ -16,6 +16,7 @@ from edgesdk.errors import CalibrationError, ConversionError, InputError
 from edgesdk.tasks import TaskSpec
 
 from .targets import TARGET_ENGINES
+from .recover import MODES as RECOVER_MODES
 from .targets.tflite import IO_TYPES as TFLITE_IO
 from .validate import INT8_ERROR_CAP
 
@@ -39,7 +40,10 @@ class QuantizeOptions:
     next call (recorded in the manifest; the device's ``model.stream()`` carries it). ``fixed_inputs``: {input
     name: value} an ONNX model is specialized for (its ``If`` branches on them folded, as OpenVINO needs): the
     bundle keeps the input, records the value, and a device fills it in or refuses another. ``overwrite``: replace an
-    existing bundle. ``progress``/``quiet_toolchains``: console output."""
+    existing bundle. ``progress``/``quiet_toolchains``: console output. ``recover``: ``auto`` (default: an INT8
+    artifact that fails its gate is quantized again with its most sensitive layers kept in float, the fewest that
+    pass), ``on`` (also record for a passing one that nothing was needed) or ``off``; ``recover_time``: the cap in
+    seconds per artifact (:mod:`~edgesdk_converters.recover`)."""
 
     targets: tuple[str, ...] | None = None
     samples: int = DEFAULT_SAMPLES
@@ -58,6 +62,8 @@ class QuantizeOptions:
     overwrite: bool = False
     progress: bool = True
     quiet_toolchains: bool = True
+    recover: str = "auto"
+    recover_time: float = 900.0
 
     def __post_init__(self) -> None:
         if self.targets is not None:
@@ -85,6 +91,11 @@ class QuantizeOptions:
         if not _is_number(self.max_error_cap) or self.max_error_cap <= 0:
             raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
                                   f"{INT8_ERROR_CAP}), got {self.max_error_cap!r}")
+        if self.recover not in RECOVER_MODES:
+            raise ConversionError(f"recover must be one of {', '.join(RECOVER_MODES)} (auto: recover an INT8 artifact "
+                                  f"that fails its gate), got {self.recover!r}")
+        if not _is_number(self.recover_time) or self.recover_time <= 0:
+            raise ConversionError(f"recover_time must be a positive number of seconds, got {self.recover_time!r}")
         if self.tflite_io not in TFLITE_IO:
             raise ConversionError(f"tflite_io must be one of {', '.join(TFLITE_IO)}, got {self.tflite_io!r}")
         for field_name in ("name", "version"):

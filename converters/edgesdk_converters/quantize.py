@@ -27,7 +27,8 @@ from .targets import TARGET_ENGINES, Built, builder
 from .toolchain_output import TAIL_LINES, captured
 from .task_choice import choose_task
 from .metric_plugin import load_metric
-from .validate import open_for_validation, run_sample, validate
+from .recover import recover_bundle
+from .validate import GOLDEN_ORDER, open_for_validation, run_sample, validate
 
 # A failed target's error as the manifest keeps it (the exception raised keeps it whole): the first and last half of
 # this many characters. Converters can fail with a whole MLIR module or graph dump in their message.
@@ -157,9 +158,20 @@ def quantize(
                                 failed)
 
         say(f"validation: {len(val_ds)} samples ({val_origin})")
-        metrics, golden = validate(built, val_ds, max_drop, bar("validating"), max_error_cap, task=task,
-                                   metric=opts.metric, output_names=[s.name for s in src.outputs],
-                                   image_size=pre.size if pre is not None else None)
+        checked = dict(max_drop=max_drop, error_cap=max_error_cap, task=task, metric=opts.metric,
+                       output_names=[s.name for s in src.outputs], image_size=pre.size if pre is not None else None)
+        metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
+        recoveries = recover_bundle(
+            built, metrics, opts.recover, src, calib_samples, target_options,
+            lambda pair: validate(pair, val_ds, **checked)[0][pair[0].id], out.parent, GOLDEN_ORDER,
+            opts.recover_time, say)
+        if any(r.after is None and r.kept for r in recoveries.values()):  # artifacts replaced: judge the bundle again
+            say(f"validation of the recovered artifacts: {len(val_ds)} samples")
+            metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
+        for aid, rec in recoveries.items():
+            if rec.after is None and rec.kept:
+                rec.after = metrics[aid]
+            next(b for b in built if b.id == aid).recovery = rec.as_dict()
         manifest = build_manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, opts.name or _default_name(src), opts.version, opts.state, task)
         manifest["build"] = build

@@ -222,8 +222,37 @@ def summary(manifest: dict[str, Any]) -> str:
         size = sum(f["bytes"] for f in art["files"])
         lines.append(f"  {art['id']:<18} {art['engine']:<12} {art['precision']:<5} {size / 1024:9.1f} KiB  "
                      f"{', '.join(f['path'] for f in art['files'])}")
+        lines += recovery_report(art.get("recovery"))
     lines += build_report(manifest)
     return "\n".join(printable(line) for line in lines)
+
+
+def recovery_report(rec: Any, shown: int = 12) -> list[str]:
+    """The lines saying what accuracy recovery did to an artifact: the layers kept in float and why, the gate's
+    metric and latency before and after, the share of multiply-accumulates still in INT8."""
+    if not isinstance(rec, dict):
+        return []
+
+    def num(key: str, fmt: str = "{:.4g}") -> str:
+        value = rec.get(key)
+        return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+    kept = rec.get("kept_float") or []
+    lines = [f"    recovery: {rec.get('status')} ({rec.get('mechanism', '')}), {len(kept)} layer(s) kept in float, "
+             f"{rec.get('metric') or 'metric'} {num('metric_before')} -> {num('metric_after')} "
+             f"(drop {num('drop_before')} -> {num('drop_after')}), INT8 MACs {num('int8_mac_share_before', '{:.1%}')}"
+             f" -> {num('int8_mac_share', '{:.1%}')}, p50 {num('latency_ms_before', '{:.2f}')} -> "
+             f"{num('latency_ms_after', '{:.2f}')} ms, {len(rec.get('trials') or [])} trial(s) in "
+             f"{num('seconds', '{:.0f}')} s"]
+    if rec.get("note"):
+        lines.append(f"      {rec['note']}")
+    for layer in kept[:shown]:
+        if isinstance(layer, dict):
+            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {layer.get('macs', 0) / 1e6:.2f} MMAC"
+                         f"): {layer.get('reason', '')}")
+    if len(kept) > shown:
+        lines.append(f"      ... and {len(kept) - shown} more (edgesdk inspect --json)")
+    return lines
 
 
 def build_report(manifest: dict[str, Any]) -> list[str]:

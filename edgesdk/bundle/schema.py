@@ -85,10 +85,26 @@ FILES = ListOf(FILE, nonempty=True)
 TENSOR = Obj(required={"name": Str(plain=True), "shape": ListOf(Int(-1, "an integer >= -1 (-1: dynamic)")),
                        "dtype": NAME},
              optional={"fixed": Scalar()})  # the value an input was specialized for (quantize's fixed_inputs)
+# What accuracy recovery did to an INT8 artifact (quantize --recover): the layers kept in float and why, the gate's
+# metric and the artifact's latency before and after, the share of multiply-accumulates still in INT8, each trial.
+_NUM = Nullable(Num())
+RECOVERY = Obj(
+    required={"status": OneOf("recovered", "not_needed", "failed", "out_of_time")},
+    optional={"mechanism": Str(), "ranking": Str(), "note": Str(), "metric": Nullable(Str()),
+              "kept_float": ListOf(Obj(required={"layer": Str()}, optional={
+                  "engine_node": Str(), "op": Str(), "macs": Int(0, "a non-negative integer"), "reason": Str()})),
+              "layers_ranked": Int(0, "a non-negative integer"), "macs": Int(0, "a non-negative integer"),
+              "int8_mac_share_before": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
+              "int8_mac_share": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
+              **{k: _NUM for k in ("metric_before", "metric_after", "drop_before", "drop_after", "latency_ms_before",
+                                   "latency_ms_after", "seconds")},
+              "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"), "passed": Bool(),
+                                             "metric_value": _NUM, "drop": _NUM, "seconds": _NUM}))},
+)
 ARTIFACT = Obj(
     required={"id": NAME, "engine": OneOf(*ENGINES), "precision": OneOf(*PRECISIONS), "files": FILES},
     optional={"runtime": Nullable(Obj(optional={"num_threads": THREADS, "precision_hint": NAME}, closed=True)),
-              "method": Nullable(Str()), "reference": Nullable(Str())},
+              "method": Nullable(Str()), "reference": Nullable(Str()), "recovery": Nullable(RECOVERY)},
 )
 _METRIC = Nullable(Num())
 _TEXT = Nullable(Str(plain=True))

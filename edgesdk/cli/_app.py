@@ -20,7 +20,7 @@ ENTRY_POINT_GROUP = "edgesdk.cli"
 # Side name (the entry point's name) -> the distribution that provides it, and the commands it provides, for the
 # message when it is missing. The order is the order of --help: workstation, device, cloud.
 SIDES = {
-    "workstation": ("edgesdk-converters", ("quantize", "demo", "calibrate-escalation")),
+    "workstation": ("edgesdk-converters", ("quantize", "debug", "demo", "calibrate-escalation")),
     "cloud": ("edgesdk-cloud", ("serve", "export")),
 }
 

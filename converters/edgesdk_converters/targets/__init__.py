@@ -26,6 +26,8 @@ class Built:
     method: str = ""
     # Engine options the artifact must be opened with (recorded in the manifest as "runtime").
     runtime: dict = field(default_factory=dict)
+    # What accuracy recovery did to an INT8 artifact (recorded in the manifest as "recovery"), when it ran.
+    recovery: dict | None = None
 
 
 def builder(target: str):

@@ -33,12 +33,16 @@ def method(options: dict) -> str:
 METHOD = method(OPTIONS)
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
+          keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
+    """``keep_float``: node names of the float model (as the INT8 model keeps them) left unquantized
+    (``nodes_to_exclude``: no Q/DQ pair on their inputs and outputs); ``float_model``: the float ONNX built before
+    (recovery re-quantizes it without converting again)."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    fp32 = source.float_onnx(out_dir / "model_fp32.onnx")
+    fp32 = Path(float_model) if float_model is not None else source.float_onnx(out_dir / "model_fp32.onnx")
     names = [s.name for s in _onnx_inputs(fp32)]
     if sorted(names) == sorted(s.name for s in source.inputs):
         names = [s.name for s in source.inputs]  # samples are in the source's input order; feed them by name
@@ -65,6 +69,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=options["per_channel"],
             reduce_range=options["reduce_range"], activation_type=getattr(QuantType, options["activation_type"]),
             weight_type=getattr(QuantType, options["weight_type"]), calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_exclude=list(keep_float) or None,
         )
     except Exception as exc:
         raise ConversionError(f"onnxruntime quantize_static failed on {source.name}: {exc}") from exc
@@ -73,8 +78,13 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             prepared.unlink(missing_ok=True)
     return [
         Built("onnxruntime-fp32", "onnxruntime", "fp32", [fp32], "float reference"),
-        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], method(options) + _upgrade_text(source)),
+        Built("onnxruntime-int8", "onnxruntime", "int8", [int8], method(options) + _upgrade_text(source)
+              + kept_text(keep_float, "nodes_to_exclude")),
     ]
+
+
+def kept_text(keep_float, how: str) -> str:
+    return f"; {len(keep_float)} layers kept in float ({how})" if keep_float else ""
 
 
 def _upgrade_text(source) -> str:

@@ -9,20 +9,28 @@ import numpy as np
 from edgesdk.errors import ConversionError
 
 from . import Built
+from .onnx import kept_text
 
 METHOD = ("nncf.quantize (preset performance: symmetric int8, min/max activation ranges, fast bias correction, "
           "first-layer overflow fix)")
 
 
-def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it) -> list[Built]:
+def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
+          keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
+    """``keep_float``: friendly names of ops left in float (``nncf.IgnoredScope``); ``float_model``: the float IR
+    built before (recovery re-quantizes it without converting again)."""
     import nncf
     import openvino as ov
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
     from nncf.quantization.range_estimator import RangeEstimatorParametersSet
 
-    model = source.openvino_model()
-    fp32 = out_dir / "model_fp32.xml"
-    ov.save_model(model, str(fp32), compress_to_fp16=False)  # the float reference stays fp32
+    if float_model is not None:
+        fp32 = Path(float_model)
+        model = ov.Core().read_model(str(fp32))
+    else:
+        model = source.openvino_model()
+        fp32 = out_dir / "model_fp32.xml"
+        ov.save_model(model, str(fp32), compress_to_fp16=False)  # the float reference stays fp32
     dataset = nncf.Dataset(progress(samples), lambda sample: sample)
     try:
         # Min/max activation ranges, as the other two targets use: NNCF's default estimator
@@ -32,8 +40,9 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         # but doubles the error against float on VNNI/AMX CPUs, so it is not worth it here.
         advanced = AdvancedQuantizationParameters(
             activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+        ignored = nncf.IgnoredScope(names=list(keep_float), validate=False) if keep_float else None
         quantized = nncf.quantize(model, dataset, subset_size=len(samples), preset=nncf.QuantizationPreset.PERFORMANCE,
-                                  advanced_parameters=advanced)
+                                  advanced_parameters=advanced, **({"ignored_scope": ignored} if ignored else {}))
     except Exception as exc:
         raise ConversionError(f"nncf.quantize failed on {source.name}: {exc}") from exc
     int8 = out_dir / "model_int8.xml"
@@ -42,5 +51,6 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         # On AMX CPUs OpenVINO runs "fp32" as bf16 unless told f32: the float reference must say so.
         Built("openvino-fp32", "openvino", "fp32", [fp32, fp32.with_suffix(".bin")], "float reference",
               runtime={"precision_hint": "f32"}),
-        Built("openvino-int8", "openvino", "int8", [int8, int8.with_suffix(".bin")], METHOD),
+        Built("openvino-int8", "openvino", "int8", [int8, int8.with_suffix(".bin")],
+              METHOD + kept_text(keep_float, "nncf.IgnoredScope")),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from edgesdk.errors import ConversionError
 
 from ..tflite_model import add_signature, prepare_for_quantizer
 from . import Built
+from .onnx import kept_text
 
 # XNNPACK's int8 kernels widen to 32-bit before they add: the same artifact gives identical logits on an AVX2 CPU
 # without VNNI (qemu Haswell) and on VNNI/AMX (benchmarks/int8_isa.py), so no weight-range trick is needed here.
@@ -38,14 +40,17 @@ def running_min_max(qsv: dict, new: dict) -> dict:
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
-          io: str = "float") -> list[Built]:
+          io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
     """``io="float"``: float32 input/output tensors, int8 inside (the fast default on CPUs, GPUs and
     most NPU delegates); ``io="int8"``: integer-only, int8 input/output too (Coral Edge TPU,
-    microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself."""
+    microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself. ``keep_float``: output tensor
+    names of ops AI Edge Quantizer leaves in float (a ``no_quantize`` recipe entry each, matched on the op's scope:
+    its output tensor names); ``float_model``: the float .tflite built before (recovery re-quantizes it without
+    converting again)."""
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
-    fp32 = source.float_tflite(out_dir / "model_fp32.tflite")
+    fp32 = Path(float_model) if float_model is not None else source.float_tflite(out_dir / "model_fp32.tflite")
     # MediaPipe's files have no SignatureDef, which AI Edge Quantizer calibrates through: both artifacts get one.
     signature_added = add_signature(fp32)
     signatures = Interpreter(model_path=str(fp32)).get_signature_list()
@@ -57,13 +62,17 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         names = [s.name for s in source.inputs]  # signatures list inputs by name, not in the model's order
     calib = {key: progress([dict(zip(names, sample)) for sample in samples])}
     int8 = out_dir / "model_int8.tflite"
-    chosen = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
+    calibrated = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
+    # calibrated with every op quantized (a quantized op next to a float one needs the statistics of the tensor
+    # they share), quantized with the kept ones left out
+    chosen = calibrated + [{"regex": f"(^|;){re.escape(name)}($|;)", "operation": "*", "algorithm_key": "no_quantize"}
+                           for name in keep_float]
     with tempfile.TemporaryDirectory(prefix="edgesdk-aeq-") as scratch:  # out_dir becomes the bundle: no extras
         prepared = prepare_for_quantizer(fp32, Path(scratch) / "quantizer_input.tflite")
         float_input = str(Path(scratch) / "quantizer_input.tflite") if prepared else str(fp32)
         try:
             recipes = recipe_manager.RecipeManager()
-            recipes.load_quantization_recipe(chosen)
+            recipes.load_quantization_recipe(calibrated)
             calib_run = calibrator.Calibrator(float_input, num_threads=os.cpu_count() or 1,
                                               qsv_update_func=running_min_max)
             calib_run.calibrate(calib, recipes)
@@ -74,5 +83,6 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared)] if note)
     return [
         Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
-        Built("litert-int8", "litert", "int8", [int8], f"{METHOD}, {io} input/output tensors{notes}"),
+        Built("litert-int8", "litert", "int8", [int8], f"{METHOD}, {io} input/output tensors{notes}"
+              + kept_text(keep_float, "AI Edge Quantizer no_quantize")),
     ]

@@ -1,0 +1,265 @@
+"""Accuracy recovery: an INT8 artifact that fails its gate is quantized again with its most sensitive layers kept in
+float, the fewest that make it pass, by each engine's own mechanism (ONNX Runtime ``nodes_to_exclude``, NNCF
+``IgnoredScope``, AI Edge Quantizer ``no_quantize`` recipe entries).
+
+Sensitivity is the layer-by-layer report of :mod:`.layers` on a few calibration samples: each quantized layer run
+alone on the float model's inputs (its *added* error). Layers are kept in float in that order, worst first: 1, 2, 4,
+8... until the artifact passes its gate, then the count is bisected down to the fewest that pass. Every trial
+re-quantizes (the float model is reused, not converted again) and validates the artifact against its float
+reference on the whole validation set, under a time cap. What was kept, why, and what it cost is recorded in the
+manifest's artifact entry (``recovery``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .layers import probe_for
+from .layers.compare import LayerError, compare, worst
+from .layers.debug import SourceNames
+from .targets import Built, TARGET_ENGINES, builder
+from .toolchain_output import captured
+
+ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
+MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
+             "litert": "ai-edge-quantizer no_quantize"}
+SENSITIVITY_SAMPLES = 4
+DEFAULT_TIME = 900.0  # seconds per artifact
+
+
+class _TrialFailed(Exception):
+    """A trial's artifact could not be built or validated."""
+
+
+@dataclass
+class Trial:
+    kept: int
+    passed: bool
+    metric_value: float | None
+    drop: float | None
+    seconds: float
+
+
+@dataclass
+class Recovery:
+    """What recovery did to one artifact (the manifest's ``recovery`` entry, :meth:`as_dict`)."""
+
+    status: str  # recovered | not_needed | failed | out_of_time
+    kept: list[LayerError] = field(default_factory=list)
+    ranked: int = 0  # quantized layers ranked
+    trials: list[Trial] = field(default_factory=list)
+    macs: int = 0
+    int8_macs_before: int = 0
+    seconds: float = 0.0
+    before: dict = field(default_factory=dict)  # the validation entry before recovery
+    after: dict | None = None
+    note: str = ""
+    mechanism: str = ""
+
+    def as_dict(self) -> dict:
+        kept_macs = sum(r.macs for r in self.kept)
+        out: dict[str, Any] = {
+            "status": self.status, "mechanism": self.mechanism,
+            "ranking": f"added error: each quantized layer alone on the float model's inputs, SNR over "
+                       f"{SENSITIVITY_SAMPLES} calibration samples, worst first",
+            "kept_float": [_kept(r, k) for k, r in enumerate(self.kept, 1)],
+            "layers_ranked": self.ranked,
+            "macs": self.macs,
+            "int8_mac_share_before": self.int8_macs_before / self.macs if self.macs else None,
+            "int8_mac_share": (self.int8_macs_before - kept_macs) / self.macs if self.macs else None,
+            "metric": self.before.get("metric"),
+            "metric_before": self.before.get("metric_value"), "drop_before": self.before.get("drop"),
+            "latency_ms_before": self.before.get("latency_ms"),
+            "trials": [{"kept": t.kept, "passed": t.passed, "metric_value": t.metric_value, "drop": t.drop,
+                        "seconds": round(t.seconds, 1)} for t in self.trials],
+            "seconds": round(self.seconds, 1),
+        }
+        if self.after is not None:
+            out.update(metric_after=self.after.get("metric_value"), drop_after=self.after.get("drop"),
+                       latency_ms_after=self.after.get("latency_ms"))
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def _kept(row: LayerError, rank: int) -> dict:
+    added = row.added.snr_db if row.added is not None and row.added.count else None
+    return {"layer": row.source or row.node, "engine_node": row.node, "op": row.op, "macs": row.macs,
+            "reason": f"rank {rank} by added error" + (f": {added:.1f} dB SNR alone on float inputs"
+                                                        if added is not None else "")}
+
+
+def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source: Built | None = None
+                ) -> list[LayerError]:
+    """The INT8 artifact's quantized layers, worst added error first, named by the source (``source``: the golden
+    float artifact; None: the engine's own names)."""
+    fp = probe_for(ref.engine, ref.files[0], ref.runtime)
+    q = probe_for(int8.engine, int8.files[0], int8.runtime)
+    src = None
+    try:
+        names = lambda layer: None  # noqa: E731
+        if source is not None:
+            src = fp if source.id == ref.id else probe_for(source.engine, source.files[0], source.runtime)
+            src_values = src.capture(samples[0])
+            names = SourceNames.build(fp, samples[0], src.layers(), src_values, same=src is fp)
+        rows = compare(fp, q, samples, names)
+    finally:
+        for p in {id(x): x for x in (fp, q, src) if x is not None}.values():
+            p.close()
+    return [r for r in worst(rows) if r.quantized]
+
+
+def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarray]], options: dict,
+            check: Callable[[list[Built]], dict], work: Path, source: Built | None = None,
+            time_limit: float = DEFAULT_TIME, say: Callable[[str], None] = lambda s: None) -> tuple[Built, Recovery]:
+    """Keep the fewest layers of ``int8`` in float that make ``check([candidate, ref])`` (the validation entry of
+    the candidate) pass. Returns the artifact to keep (the original when nothing passed) and what was done.
+    ``options``: the target's build options; ``work``: a scratch directory."""
+    started = time.perf_counter()
+    engine = int8.engine
+    rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine])
+    ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
+    probe = probe_for(int8.engine, int8.files[0], int8.runtime)
+    try:
+        probe.capture(calib[0])
+        layers = probe.layers()
+    finally:
+        probe.close()
+    rec.macs = sum(l.macs for l in layers)
+    rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
+    rec.ranked = len(ranked)
+    say(f"[{int8.id}] recovery: {len(ranked)} quantized layers ranked by added error "
+        f"({time.perf_counter() - started:.0f} s); worst: "
+        + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
+    target = ENGINE_TARGETS[engine]
+    results: dict[int, tuple[Built, dict]] = {}
+
+    def attempt(k: int) -> bool:
+        if k in results:
+            return results[k][1]["passed"]
+        t0 = time.perf_counter()
+        keep = tuple(dict.fromkeys(r.node if engine != "litert" else r.name for r in ranked[:k]))
+        out = Path(tempfile.mkdtemp(prefix=f"recover-{k}-", dir=work))
+        try:
+            with captured(True):  # the converters' console output (AI Edge Quantizer's bars) stays out of the log
+                made = builder(target)(src, calib, out, keep_float=keep, float_model=ref.files[0], **options)
+            candidate = next(b for b in made if b.precision == "int8")
+            judged = check([candidate, ref])
+        except Exception as exc:  # a converter refusing this split: recovery stops, the bundle keeps the original
+            raise _TrialFailed(f"{k} layer(s) in float: {type(exc).__name__}: {exc}") from exc
+        results[k] = (candidate, judged)
+        rec.trials.append(Trial(k, bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
+                                time.perf_counter() - t0))
+        say(f"[{int8.id}] recovery: {k} layer(s) in float -> {judged.get('metric')} {judged.get('metric_value')}, "
+            f"drop {judged.get('drop')} ({'passes' if judged['passed'] else 'fails'}, "
+            f"{time.perf_counter() - t0:.0f} s)")
+        return bool(judged["passed"])
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - started > time_limit
+
+    lo, hi, k = 0, None, 1  # lo: most layers known to fail; hi: fewest known to pass
+    try:
+        while k <= len(ranked) and not out_of_time():
+            if attempt(k):
+                hi = k
+                break
+            lo = k
+            k = min(k * 2, len(ranked)) if k < len(ranked) else len(ranked) + 1
+        while hi is not None and hi - lo > 1 and not out_of_time():
+            mid = (lo + hi) // 2
+            if attempt(mid):
+                hi = mid
+            else:
+                lo = mid
+    except _TrialFailed as exc:
+        rec.seconds = time.perf_counter() - started
+        rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
+        say(f"[{int8.id}] recovery stopped: {rec.note}")
+        return int8, rec
+    rec.seconds = time.perf_counter() - started
+    if hi is None:
+        rec.status = "out_of_time" if out_of_time() else "failed"
+        rec.note = (f"no count of layers kept in float passed within {time_limit:.0f} s" if out_of_time()
+                    else "even every quantized layer in float does not pass the gate")
+        return int8, rec
+    rec.status = "recovered" if not out_of_time() or hi - lo <= 1 else "out_of_time"
+    if rec.status == "out_of_time":
+        rec.note = f"stopped by the {time_limit:.0f} s cap: {hi} layers pass, fewer were not all tried"
+    rec.kept = ranked[:hi]
+    return results[hi][0], rec
+
+
+def install(candidate: Built, original: Built) -> Built:
+    """Move the recovered artifact's files over the original's (same names, same place in the bundle)."""
+    files = []
+    for new, old in zip(candidate.files, original.files):
+        shutil.move(str(new), str(old))
+        files.append(old)
+    return Built(original.id, original.engine, original.precision, files, candidate.method, dict(original.runtime))
+
+
+def _db(row: LayerError) -> str:
+    if row.added is not None and row.added.count:
+        return f"{row.added.snr_db:.1f} dB"
+    return f"{row.accumulated.snr_db:.1f} dB accumulated"
+
+
+MODES = ("auto", "on", "off")
+
+
+def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src, calib: list[list[np.ndarray]],
+                   target_options: dict[str, dict], check: Callable[[list[Built]], dict], scratch: Path,
+                   golden_order: tuple[str, ...], time_limit: float = DEFAULT_TIME,
+                   say: Callable[[str], None] = lambda s: None) -> dict[str, Recovery]:
+    """Recover each INT8 artifact of ``built`` that failed its gate (``mode="auto"``), or every one (``"on"``: one
+    that passes is recorded as ``not_needed`` and left as it is). Replaces recovered artifacts in ``built`` (their
+    files moved over the originals); returns what was done per artifact id. ``check``: the validation entry of the
+    first artifact of a [candidate, its float reference] pair."""
+    if mode == "off":
+        return {}
+    source = next((b for i in golden_order for b in built if b.id == i), None)
+    done: dict[str, Recovery] = {}
+    for index, b in enumerate(list(built)):
+        if b.precision != "int8":
+            continue
+        entry = metrics[b.id]
+        if entry.get("passed"):
+            if mode == "on":
+                done[b.id] = _not_needed(b, entry, calib[0])
+            continue
+        ref = next(r for r in built if r.engine == b.engine and r.precision == "fp32")
+        target = ENGINE_TARGETS[b.engine]
+        work = Path(tempfile.mkdtemp(prefix=f".recover-{b.id}-", dir=scratch))
+        try:
+            candidate, rec = recover(b, ref, entry, src, calib, target_options.get(target, {}), check, work, source,
+                                     time_limit, say)
+            if candidate is not b:
+                built[index] = install(candidate, b)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        done[b.id] = rec
+        say(f"[{b.id}] recovery {rec.status}: {len(rec.kept)} layer(s) kept in float, "
+            f"{rec.seconds:.0f} s" + (f" ({rec.note})" if rec.note else ""))
+    return done
+
+
+def _not_needed(b: Built, entry: dict, sample: list[np.ndarray]) -> Recovery:
+    probe = probe_for(b.engine, b.files[0], b.runtime)
+    try:
+        probe.capture(sample)
+        layers = probe.layers()
+    finally:
+        probe.close()
+    rec = Recovery("not_needed", before=dict(entry), after=dict(entry), mechanism=MECHANISM[b.engine],
+                   note="the artifact passes its gate as quantized: nothing kept in float")
+    rec.macs = sum(l.macs for l in layers)
+    rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
+    return rec
