@@ -17,7 +17,7 @@ CLOUD_EXTRAS ?= onnxruntime
 DEVICE_VENV ?= .venv-device
 DEVICE_EXTRAS ?= onnxruntime,trust
 
-.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench conformance fuzz clean
+.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench conformance recovery fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -76,6 +76,11 @@ bench: setup
 # of what built, INT8 against float and p50 int8/fp32 (~15 min; make test runs the same zoo at a reduced size).
 conformance: setup
 	$(PY) benchmarks/conformance.py
+
+# Accuracy recovery (quantize --recover), measured: nothing changes on the digits sample and the MobileNetV2-shaped
+# model (recover off vs on, files and p50 side by side), and the PP-OCRv4 recognizer recovered per engine (~25 min).
+recovery: setup
+	$(PY) benchmarks/recovery.py
 
 FUZZ_RUNS ?= 10000
 # libFuzzer (atheris) on the bundle readers: manifest parser, .edgebundle reader, ONNX external-data scan. Any

@@ -3,8 +3,10 @@ float, the fewest that make it pass, by each engine's own mechanism (ONNX Runtim
 ``IgnoredScope``, AI Edge Quantizer ``no_quantize`` recipe entries).
 
 Sensitivity is the layer-by-layer report of :mod:`.layers` on a few calibration samples: each quantized layer run
-alone on the float model's inputs (its *added* error). Layers are kept in float in that order, worst first: 1, 2, 4,
-8... until the artifact passes its gate, then the count is bisected down to the fewest that pass. Every trial
+alone on the float model's inputs (its *added* error). Layers are kept in float in that order, worst first, those
+that multiply nothing (adds, activations, pooling, softmax: no INT8 MACs lost) before the convolutions and matrix
+products: 1, 2, 4, 8... until the artifact passes its gate, then the count is bisected down to the fewest that
+pass. Every trial
 re-quantizes (the float model is reused, not converted again) and validates the artifact against its float
 reference on the whole validation set, under a time cap. What was kept, why, and what it cost is recorded in the
 manifest's artifact entry (``recovery``).
@@ -12,6 +14,7 @@ manifest's artifact entry (``recovery``).
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -68,7 +71,8 @@ class Recovery:
         out: dict[str, Any] = {
             "status": self.status, "mechanism": self.mechanism,
             "ranking": f"added error: each quantized layer alone on the float model's inputs, SNR over "
-                       f"{SENSITIVITY_SAMPLES} calibration samples, worst first",
+                       f"{SENSITIVITY_SAMPLES} calibration samples, worst first; layers without MACs before the "
+                       f"multiplying ones",
             "kept_float": [_kept(r, k) for k, r in enumerate(self.kept, 1)],
             "layers_ranked": self.ranked,
             "macs": self.macs,
@@ -93,7 +97,8 @@ def _kept(row: LayerError, rank: int) -> dict:
     added = row.added.snr_db if row.added is not None and row.added.count else None
     return {"layer": row.source or row.node, "engine_node": row.node, "op": row.op, "macs": row.macs,
             "reason": f"rank {rank} by added error" + (f": {added:.1f} dB SNR alone on float inputs"
-                                                        if added is not None else "")}
+                                                        if added is not None else "")
+                      + ("" if row.macs else " (no MACs: free to keep in float)")}
 
 
 def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source: Built | None = None
@@ -113,7 +118,10 @@ def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source
     finally:
         for p in {id(x): x for x in (fp, q, src) if x is not None}.values():
             p.close()
-    return [r for r in worst(rows) if r.quantized]
+    ranked = [r for r in worst(rows) if r.quantized]
+    # layers that multiply nothing first (adds, activations, pooling, softmax: keeping one in float costs no INT8
+    # MACs), then the multiplying ones; each tier worst first
+    return [r for r in ranked if r.macs == 0] + [r for r in ranked if r.macs > 0]
 
 
 def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarray]], options: dict,
@@ -139,62 +147,144 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         f"({time.perf_counter() - started:.0f} s); worst: "
         + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
     target = ENGINE_TARGETS[engine]
-    results: dict[int, tuple[Built, dict]] = {}
+    options = {**options, **_calibration_cache(engine, work)}
+    results: dict[frozenset, tuple[Built, dict]] = {}
 
-    def attempt(k: int) -> bool:
-        if k in results:
-            return results[k][1]["passed"]
+    def name(row: LayerError) -> str:
+        return row.name if engine == "litert" else row.node  # AEQ matches output tensors; the others node names
+
+    def attempt(rows: list[LayerError]) -> dict:
+        key = frozenset(name(r) for r in rows)
+        if key in results:
+            return results[key][1]
         t0 = time.perf_counter()
-        keep = tuple(dict.fromkeys(r.node if engine != "litert" else r.name for r in ranked[:k]))
-        out = Path(tempfile.mkdtemp(prefix=f"recover-{k}-", dir=work))
+        out = Path(tempfile.mkdtemp(prefix=f"recover-{len(rows)}-", dir=work))
         try:
             with captured(True):  # the converters' console output (AI Edge Quantizer's bars) stays out of the log
-                made = builder(target)(src, calib, out, keep_float=keep, float_model=ref.files[0], **options)
+                made = builder(target)(src, calib, out, keep_float=tuple(sorted(key)), float_model=ref.files[0],
+                                       **options)
             candidate = next(b for b in made if b.precision == "int8")
             judged = check([candidate, ref])
         except Exception as exc:  # a converter refusing this split: recovery stops, the bundle keeps the original
-            raise _TrialFailed(f"{k} layer(s) in float: {type(exc).__name__}: {exc}") from exc
-        results[k] = (candidate, judged)
-        rec.trials.append(Trial(k, bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
+            raise _TrialFailed(f"{len(rows)} layer(s) in float: {type(exc).__name__}: {exc}") from exc
+        results[key] = (candidate, judged)
+        kept_macs = sum(r.macs for r in rows)
+        rec.trials.append(Trial(len(key), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
                                 time.perf_counter() - t0))
-        say(f"[{int8.id}] recovery: {k} layer(s) in float -> {judged.get('metric')} {judged.get('metric_value')}, "
-            f"drop {judged.get('drop')} ({'passes' if judged['passed'] else 'fails'}, "
-            f"{time.perf_counter() - t0:.0f} s)")
-        return bool(judged["passed"])
+        say(f"[{int8.id}] recovery: {len(key)} layer(s) in float ({kept_macs / max(rec.macs, 1):.1%} of MACs) -> "
+            f"{judged.get('metric')} {_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
+            f"({'passes' if judged['passed'] else 'fails'}, {time.perf_counter() - t0:.0f} s)")
+        return judged
 
     def out_of_time() -> bool:
         return time.perf_counter() - started > time_limit
 
-    lo, hi, k = 0, None, 1  # lo: most layers known to fail; hi: fewest known to pass
     try:
-        while k <= len(ranked) and not out_of_time():
-            if attempt(k):
-                hi = k
-                break
-            lo = k
-            k = min(k * 2, len(ranked)) if k < len(ranked) else len(ranked) + 1
-        while hi is not None and hi - lo > 1 and not out_of_time():
-            mid = (lo + hi) // 2
-            if attempt(mid):
-                hi = mid
-            else:
-                lo = mid
+        kept = _search(ranked, attempt, out_of_time)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
         say(f"[{int8.id}] recovery stopped: {rec.note}")
         return int8, rec
     rec.seconds = time.perf_counter() - started
-    if hi is None:
+    if kept is None:
         rec.status = "out_of_time" if out_of_time() else "failed"
-        rec.note = (f"no count of layers kept in float passed within {time_limit:.0f} s" if out_of_time()
+        rec.note = (f"no set of layers kept in float passed within {time_limit:.0f} s" if out_of_time()
                     else "even every quantized layer in float does not pass the gate")
         return int8, rec
-    rec.status = "recovered" if not out_of_time() or hi - lo <= 1 else "out_of_time"
-    if rec.status == "out_of_time":
-        rec.note = f"stopped by the {time_limit:.0f} s cap: {hi} layers pass, fewer were not all tried"
-    rec.kept = ranked[:hi]
-    return results[hi][0], rec
+    rec.status = "recovered"
+    if out_of_time():
+        rec.note = f"stopped by the {time_limit:.0f} s cap: the smallest passing set found so far is kept"
+    rec.kept = kept
+    return results[frozenset(name(r) for r in kept)][0], rec
+
+
+MEASURED = 16  # multiplying layers whose effect is measured one by one (phase 2 of _search)
+
+
+def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict],
+            out_of_time: Callable[[], bool]) -> list[LayerError] | None:
+    """The set of layers to keep in float: the passing set with the most MACs left in INT8 (then the fewest layers)
+    among those tried, None when none passed.
+
+    1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
+       of them (worst first) that passes.
+    2. Otherwise, with those kept, each of the ``MEASURED`` worst multiplying layers added alone: their measured
+       drops order them (the others follow by added error).
+    3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
+    4. The free tier shortened again (bisected prefix) with the multiplying layers found.
+    Each step stops at the time cap; trials are cached, so no set is built twice."""
+    passing: list[list[LayerError]] = []
+
+    def ok(rows: list[LayerError]) -> bool:
+        judged = attempt(rows)
+        if judged["passed"]:
+            passing.append(list(rows))
+        return bool(judged["passed"])
+
+    def shortest(prefix_of: list[LayerError], base: list[LayerError], lo: int = 0) -> int | None:
+        """The smallest n with base + prefix_of[:n] passing (doubling, then bisection; None: none found)."""
+        hi, n = None, max(1, lo)
+        while n <= len(prefix_of) and not out_of_time():
+            if ok(base + prefix_of[:n]):
+                hi = n
+                break
+            lo = n
+            n = len(prefix_of) if n < len(prefix_of) and n * 2 > len(prefix_of) else n * 2
+        while hi is not None and hi - lo > 1 and not out_of_time():
+            mid = (lo + hi) // 2
+            if ok(base + prefix_of[:mid]):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    free = [r for r in ranked if r.macs == 0]
+    costly = [r for r in ranked if r.macs > 0]
+    base: list[LayerError] = []
+    if free and not out_of_time():
+        if ok(free):
+            shortest(free, [])
+            return _best(passing)
+        base = free
+    drops = []
+    for row in costly[:MEASURED]:
+        if out_of_time():
+            break
+        judged = attempt(base + [row])
+        if judged["passed"]:
+            passing.append(base + [row])
+            break
+        drops.append((judged.get("drop") if judged.get("drop") is not None else math.inf, row))
+    if not passing:
+        measured = [row for _, row in sorted(drops, key=lambda pair: pair[0])]
+        order = measured + [r for r in costly if r not in measured]
+        n = shortest(order, base)
+        if n is not None and base:
+            shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
+    elif base:
+        shortest(base, passing[-1][len(base):])
+    return _best(passing)
+
+
+def _best(passing: list[list[LayerError]]) -> list[LayerError] | None:
+    if not passing:
+        return None
+    return min(passing, key=lambda rows: (sum(r.macs for r in rows), len(rows)))
+
+
+def _calibration_cache(engine: str, work: Path) -> dict:
+    """Build options that calibrate once for every trial of a recovery: ONNX Runtime's own calibration cache,
+    AI Edge Quantizer's statistics kept in memory (NNCF has none: it collects its statistics on every trial)."""
+    if engine == "onnxruntime":
+        return {"calibration_cache": work / "onnxruntime-calibration.json"}
+    if engine == "litert":
+        return {"statistics": {}}
+    return {}
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def install(candidate: Built, original: Built) -> Built:

@@ -34,10 +34,12 @@ METHOD = method(OPTIONS)
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
-          keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
+          keep_float: tuple[str, ...] = (), float_model: Path | None = None,
+          calibration_cache: Path | None = None) -> list[Built]:
     """``keep_float``: node names of the float model (as the INT8 model keeps them) left unquantized
     (``nodes_to_exclude``: no Q/DQ pair on their inputs and outputs); ``float_model``: the float ONNX built before
-    (recovery re-quantizes it without converting again)."""
+    (recovery re-quantizes it without converting again); ``calibration_cache``: a JSON file of tensor ranges that
+    quantize_static writes on the first call and reads on the next ones (recovery's trials calibrate once)."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -70,6 +72,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             reduce_range=options["reduce_range"], activation_type=getattr(QuantType, options["activation_type"]),
             weight_type=getattr(QuantType, options["weight_type"]), calibrate_method=CalibrationMethod.MinMax,
             nodes_to_exclude=list(keep_float) or None,
+            **({"calibration_cache_path": str(calibration_cache)} if calibration_cache is not None else {}),
         )
     except Exception as exc:
         raise ConversionError(f"onnxruntime quantize_static failed on {source.name}: {exc}") from exc

@@ -40,13 +40,15 @@ def running_min_max(qsv: dict, new: dict) -> dict:
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
-          io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
+          io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None,
+          statistics: dict | None = None) -> list[Built]:
     """``io="float"``: float32 input/output tensors, int8 inside (the fast default on CPUs, GPUs and
     most NPU delegates); ``io="int8"``: integer-only, int8 input/output too (Coral Edge TPU,
     microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself. ``keep_float``: output tensor
     names of ops AI Edge Quantizer leaves in float (a ``no_quantize`` recipe entry each, matched on the op's scope:
     its output tensor names); ``float_model``: the float .tflite built before (recovery re-quantizes it without
-    converting again)."""
+    converting again); ``statistics``: a dict the calibration statistics are kept in on the first call and read
+    from on the next ones (recovery's trials calibrate once)."""
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
@@ -71,13 +73,19 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         prepared = prepare_for_quantizer(fp32, Path(scratch) / "quantizer_input.tflite")
         float_input = str(Path(scratch) / "quantizer_input.tflite") if prepared else str(fp32)
         try:
-            recipes = recipe_manager.RecipeManager()
-            recipes.load_quantization_recipe(calibrated)
-            calib_run = calibrator.Calibrator(float_input, num_threads=os.cpu_count() or 1,
-                                              qsv_update_func=running_min_max)
-            calib_run.calibrate(calib, recipes)
+            if statistics is not None and "qsvs" in statistics:
+                qsvs = statistics["qsvs"]
+            else:
+                recipes = recipe_manager.RecipeManager()
+                recipes.load_quantization_recipe(calibrated)
+                calib_run = calibrator.Calibrator(float_input, num_threads=os.cpu_count() or 1,
+                                                  qsv_update_func=running_min_max)
+                calib_run.calibrate(calib, recipes)
+                qsvs = calib_run.get_model_qsvs()
+                if statistics is not None:
+                    statistics["qsvs"] = qsvs
             qt = quantizer.Quantizer(float_input, chosen)
-            qt.quantize(calib_run.get_model_qsvs()).export_model(str(int8), overwrite=True)
+            qt.quantize(qsvs).export_model(str(int8), overwrite=True)
         except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
             raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
     notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared)] if note)
