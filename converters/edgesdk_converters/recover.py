@@ -65,6 +65,8 @@ class Recovery:
     after: dict | None = None
     note: str = ""
     mechanism: str = ""
+    engine: str = ""
+    rank: dict = field(default_factory=dict)  # id(row) -> its rank by added error (1: worst)
 
     def as_dict(self) -> dict:
         kept_macs = sum(r.macs for r in self.kept)
@@ -73,7 +75,7 @@ class Recovery:
             "ranking": f"added error: each quantized layer alone on the float model's inputs, SNR over "
                        f"{SENSITIVITY_SAMPLES} calibration samples, worst first; layers without MACs before the "
                        f"multiplying ones",
-            "kept_float": [_kept(r, k) for k, r in enumerate(self.kept, 1)],
+            "kept_float": [_kept(r, self.rank.get(id(r), 0), self.engine) for r in self.kept],
             "layers_ranked": self.ranked,
             "macs": self.macs,
             "int8_mac_share_before": self.int8_macs_before / self.macs if self.macs else None,
@@ -93,9 +95,11 @@ class Recovery:
         return out
 
 
-def _kept(row: LayerError, rank: int) -> dict:
+def _kept(row: LayerError, rank: int, engine: str) -> dict:
     added = row.added.snr_db if row.added is not None and row.added.count else None
-    return {"layer": row.source or row.node, "engine_node": row.node, "op": row.op, "macs": row.macs,
+    # LiteRT's ops are numbered, and recovery adds (de)quantize ops: its output tensor names what was kept
+    node = row.name if engine == "litert" else row.node
+    return {"layer": row.source or row.node, "engine_node": node, "op": row.op, "macs": row.macs,
             "reason": f"rank {rank} by added error" + (f": {added:.1f} dB SNR alone on float inputs"
                                                         if added is not None else "")
                       + ("" if row.macs else " (no MACs: free to keep in float)")}
@@ -132,8 +136,9 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     ``options``: the target's build options; ``work``: a scratch directory."""
     started = time.perf_counter()
     engine = int8.engine
-    rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine])
+    rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine)
     ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
+    rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
     probe = probe_for(int8.engine, int8.files[0], int8.runtime)
     try:
         probe.capture(calib[0])
@@ -189,12 +194,12 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     rec.seconds = time.perf_counter() - started
     if kept is None:
         rec.status = "out_of_time" if out_of_time() else "failed"
-        rec.note = (f"no set of layers kept in float passed within {time_limit:.0f} s" if out_of_time()
+        rec.note = (f"no set of layers kept in float passed within {time_limit:g} s" if out_of_time()
                     else "even every quantized layer in float does not pass the gate")
         return int8, rec
     rec.status = "recovered"
     if out_of_time():
-        rec.note = f"stopped by the {time_limit:.0f} s cap: the smallest passing set found so far is kept"
+        rec.note = f"stopped by the {time_limit:g} s cap: the smallest passing set found so far is kept"
     rec.kept = kept
     return results[frozenset(name(r) for r in kept)][0], rec
 
@@ -264,7 +269,26 @@ def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict
             shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
     elif base:
         shortest(base, passing[-1][len(base):])
+    _prune(_best(passing), ok, out_of_time)
     return _best(passing)
+
+
+PRUNE = 12  # trials spent at most on taking multiplying layers back to INT8 one by one
+
+
+def _prune(found: list[LayerError] | None, ok: Callable[[list[LayerError]], bool],
+           out_of_time: Callable[[], bool]) -> None:
+    """Take the multiplying layers of a passing set back to INT8 one at a time, the most MACs first, keeping each
+    removal that still passes (a set found by prefixes carries layers it did not need)."""
+    if not found:
+        return
+    current = list(found)
+    for row in sorted((r for r in found if r.macs > 0), key=lambda r: -r.macs)[:PRUNE]:
+        if out_of_time():
+            return
+        trial = [r for r in current if r is not row]
+        if trial and ok(trial):
+            current = trial
 
 
 def _best(passing: list[list[LayerError]]) -> list[LayerError] | None:

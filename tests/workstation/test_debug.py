@@ -187,10 +187,6 @@ def test_numbers_are_onnx_runtimes_qdq_arithmetic(outlier_json, outlier):
             assert math.isclose(want["mean_abs_error"], float(np.mean(np.abs(err))), rel_tol=1e-4), (name, kind)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: layers/debug.py:168 calls bundle.preprocess(), but Bundle.preprocess (edgesdk/bundle/reader.py:234) is a "
-    "property: --val raises TypeError ('NoneType' object is not callable; with a preprocess spec: "
-    "Preprocess.__call__() missing 'image') with a traceback, for every bundle"))
 def test_val_compares_on_the_given_inputs(outlier):
     proc = edgesdk("debug", outlier, "--val", outlier.parent / "x.npz", "--samples", "3", "--json", "-q",
                    "--artifact", "onnxruntime-int8")
@@ -286,11 +282,6 @@ def test_digits_litert_multiplying_layers_are_named_by_value(digits_report):
 
 # -- the ONNX Runtime probe on a partly-float QDQ model ----------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: layers/onnx.py:128 calls a layer quantized when any input comes from a DequantizeLinear: 'hidden', kept "
-    "in float by nodes_to_exclude (float weights, reading the Q/DQ copy of 'e' ORT leaves after the quantized "
-    "'embed'), is reported quantized, against Layer.quantized ('whether an INT8 artifact runs this op on "
-    "integers'); debug's int8_macs and recovery's int8_macs_before count it as INT8"))
 def test_onnxruntime_probe_says_a_layer_kept_in_float_is_not_quantized(outlier, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 

@@ -165,7 +165,7 @@ def _samples(bundle, data: Any, count: int) -> list[list[np.ndarray]]:
     from ..calibration import read_dataset
 
     inputs = [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in bundle.manifest["inputs"]]
-    ds = read_dataset(data, inputs, bundle.preprocess(), None, "debug")
+    ds = read_dataset(data, inputs, bundle.preprocess, None, "debug")
     return [ds.load(i) for i in range(min(count, len(ds)))]
 
 

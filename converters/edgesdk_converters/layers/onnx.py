@@ -125,8 +125,10 @@ class OnnxProbe:
                 out = out[:-len(_RENAMED)]  # a graph output quantized by QDQ: the float value was renamed
             if read != out:
                 self._tensor[out] = read
-            quantized = any(self._producer.get(i) is not None and self._producer[i].op_type == "DequantizeLinear"
-                            for i in node.input)
+            # on integers when every input it reads comes through a DequantizeLinear (a node quantize_static left
+            # out reads a quantized neighbour's Q/DQ copy too, but its float weights directly)
+            quantized = all(self._producer.get(i) is not None and self._producer[i].op_type == "DequantizeLinear"
+                            for i in node.input if i)
             shape = self._shape(out)
             layers.append(Layer(out, node.op_type, node.name or out, inputs, self._macs(node, shape), quantized,
                                 shape))

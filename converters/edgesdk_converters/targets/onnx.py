@@ -87,7 +87,8 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
 
 
 def kept_text(keep_float, how: str) -> str:
-    return f"; {len(keep_float)} layers kept in float ({how})" if keep_float else ""
+    count = f"{len(keep_float)} layer{'s' if len(keep_float) > 1 else ''}"
+    return f"; {count} kept in float ({how})" if keep_float else ""
 
 
 def _upgrade_text(source) -> str:
