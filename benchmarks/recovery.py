@@ -93,7 +93,7 @@ def recognizer(tmp: Path, max_drop: float) -> tuple[list[str], float]:
     t0 = time.perf_counter()
     try:
         quantize(zoo.model("ppocr_rec"), tmp / "rec-calib.npz", out, val=tmp / "rec-val.npz", samples=32,
-                 max_drop=max_drop, overwrite=True, progress=False,
+                 max_drop=max_drop, recover="auto", overwrite=True, progress=False,
                  log=lambda s: print(f"[ppocr_rec] {s}", file=sys.stderr, flush=True),
                  **zoo.quantize_options("ppocr_rec", "full"))
     except ValidationFailed as exc:

@@ -33,6 +33,22 @@ def private_cache_dir(tmp_path_factory):
         os.environ["EDGESDK_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_recovery_by_default():
+    """quantize recovers a failing INT8 artifact by default (minutes per artifact): the many tests that make an
+    artifact fail on purpose, or quantize zoo models that fail, keep their artifacts as quantized. The recovery
+    tests ask for it (recover="auto"/"on"), and test_recover checks the default itself."""
+    import os
+
+    old = os.environ.get("EDGESDK_RECOVER")
+    os.environ["EDGESDK_RECOVER"] = "off"
+    yield
+    if old is None:
+        os.environ.pop("EDGESDK_RECOVER", None)
+    else:
+        os.environ["EDGESDK_RECOVER"] = old
+
+
 @pytest.fixture(scope="session")
 def digits_images(tmp_path_factory) -> Path:
     """scikit-learn's digits exported by the sample's own script: train/<digit>/*.png and val/<digit>/*.png."""

@@ -170,10 +170,11 @@ def quantize(
                                                     "input value, NAME=VALUE (e.g. sr=16000): the If branches it "
                                                     "decides are folded; the bundle keeps the input and refuses "
                                                     "another value. Repeatable."),
-    recover: str = typer.Option("auto", "--recover", help="Accuracy recovery: auto (an INT8 artifact that fails its "
-                                "gate is quantized again with its most sensitive layers kept in float, the fewest "
-                                "that pass), on (also record that a passing one needed nothing) or off. What was "
-                                "kept, why, and what it cost: edgesdk inspect."),
+    recover: Optional[str] = typer.Option(None, "--recover", help="Accuracy recovery: auto (an INT8 artifact that "
+                                          "fails its gate is quantized again with its most sensitive layers kept in "
+                                          "float, the fewest that pass), on (also record that a passing one needed "
+                                          "nothing) or off. Default: $EDGESDK_RECOVER, else auto. What was kept, "
+                                          "why, and what it cost: edgesdk inspect."),
     recover_time: float = typer.Option(900.0, "--recover-time", help="Cap on recovery, seconds per artifact."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),

@@ -9,6 +9,7 @@ sets, preprocessing, labels) are arguments of ``quantize`` itself, not options.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
@@ -17,6 +18,8 @@ from edgesdk.tasks import TaskSpec
 
 from .targets import TARGET_ENGINES
 from .recover import MODES as RECOVER_MODES
+
+RECOVER_VAR = "EDGESDK_RECOVER"
 from .targets.tflite import IO_TYPES as TFLITE_IO
 from .validate import INT8_ERROR_CAP
 
@@ -42,8 +45,8 @@ class QuantizeOptions:
     bundle keeps the input, records the value, and a device fills it in or refuses another. ``overwrite``: replace an
     existing bundle. ``progress``/``quiet_toolchains``: console output. ``recover``: ``auto`` (default: an INT8
     artifact that fails its gate is quantized again with its most sensitive layers kept in float, the fewest that
-    pass), ``on`` (also record for a passing one that nothing was needed) or ``off``; ``recover_time``: the cap in
-    seconds per artifact (:mod:`~edgesdk_converters.recover`)."""
+    pass), ``on`` (also record for a passing one that nothing was needed) or ``off``; None: ``$EDGESDK_RECOVER``,
+    else ``auto``; ``recover_time``: the cap in seconds per artifact (:mod:`~edgesdk_converters.recover`)."""
 
     targets: tuple[str, ...] | None = None
     samples: int = DEFAULT_SAMPLES
@@ -62,7 +65,7 @@ class QuantizeOptions:
     overwrite: bool = False
     progress: bool = True
     quiet_toolchains: bool = True
-    recover: str = "auto"
+    recover: str | None = None
     recover_time: float = 900.0
 
     def __post_init__(self) -> None:
@@ -91,9 +94,12 @@ class QuantizeOptions:
         if not _is_number(self.max_error_cap) or self.max_error_cap <= 0:
             raise ConversionError(f"max_error_cap must be a positive share of the output range (default "
                                   f"{INT8_ERROR_CAP}), got {self.max_error_cap!r}")
+        if self.recover is None:  # the default: $EDGESDK_RECOVER, else auto
+            object.__setattr__(self, "recover", os.environ.get(RECOVER_VAR, "auto"))
         if self.recover not in RECOVER_MODES:
             raise ConversionError(f"recover must be one of {', '.join(RECOVER_MODES)} (auto: recover an INT8 artifact "
-                                  f"that fails its gate), got {self.recover!r}")
+                                  f"that fails its gate; the default comes from ${RECOVER_VAR}, else auto), got "
+                                  f"{self.recover!r}")
         if not _is_number(self.recover_time) or self.recover_time <= 0:
             raise ConversionError(f"recover_time must be a positive number of seconds, got {self.recover_time!r}")
         if self.tflite_io not in TFLITE_IO:

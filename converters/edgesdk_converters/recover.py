@@ -181,8 +181,8 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
             f"({'passes' if judged['passed'] else 'fails'}, {time.perf_counter() - t0:.0f} s)")
         return judged
 
-    def out_of_time() -> bool:
-        return time.perf_counter() - started > time_limit
+    def out_of_time(share: float = 1.0) -> bool:
+        return time.perf_counter() - started > time_limit * share
 
     try:
         kept = _search(ranked, attempt, out_of_time)
@@ -204,11 +204,14 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     return results[frozenset(name(r) for r in kept)][0], rec
 
 
-MEASURED = 16  # multiplying layers whose effect is measured one by one (phase 2 of _search)
+MEASURED = 8  # multiplying layers whose effect is measured one by one (phase 2 of _search)
+
+
+SEARCH_SHARE = 0.7  # of the time cap for finding a passing set; the rest prunes it
 
 
 def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict],
-            out_of_time: Callable[[], bool]) -> list[LayerError] | None:
+            out_of_time: Callable[..., bool]) -> list[LayerError] | None:
     """The set of layers to keep in float: the passing set with the most MACs left in INT8 (then the fewest layers)
     among those tried, None when none passed.
 
@@ -218,7 +221,10 @@ def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict
        drops order them (the others follow by added error).
     3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
     4. The free tier shortened again (bisected prefix) with the multiplying layers found.
-    Each step stops at the time cap; trials are cached, so no set is built twice."""
+    5. :func:`_prune`: its multiplying layers back to INT8 one by one, the most MACs first.
+    Steps 1-4 stop at ``SEARCH_SHARE`` of the time cap, step 5 at the cap; trials are cached, so no set is built
+    twice."""
+    searching = lambda: out_of_time(SEARCH_SHARE)  # noqa: E731
     passing: list[list[LayerError]] = []
 
     def ok(rows: list[LayerError]) -> bool:
@@ -230,13 +236,13 @@ def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict
     def shortest(prefix_of: list[LayerError], base: list[LayerError], lo: int = 0) -> int | None:
         """The smallest n with base + prefix_of[:n] passing (doubling, then bisection; None: none found)."""
         hi, n = None, max(1, lo)
-        while n <= len(prefix_of) and not out_of_time():
+        while n <= len(prefix_of) and not searching():
             if ok(base + prefix_of[:n]):
                 hi = n
                 break
             lo = n
             n = len(prefix_of) if n < len(prefix_of) and n * 2 > len(prefix_of) else n * 2
-        while hi is not None and hi - lo > 1 and not out_of_time():
+        while hi is not None and hi - lo > 1 and not searching():
             mid = (lo + hi) // 2
             if ok(base + prefix_of[:mid]):
                 hi = mid
@@ -247,14 +253,14 @@ def _search(ranked: list[LayerError], attempt: Callable[[list[LayerError]], dict
     free = [r for r in ranked if r.macs == 0]
     costly = [r for r in ranked if r.macs > 0]
     base: list[LayerError] = []
-    if free and not out_of_time():
+    if free and not searching():
         if ok(free):
             shortest(free, [])
             return _best(passing)
         base = free
     drops = []
     for row in costly[:MEASURED]:
-        if out_of_time():
+        if searching():
             break
         judged = attempt(base + [row])
         if judged["passed"]:

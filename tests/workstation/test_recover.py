@@ -417,3 +417,18 @@ def test_manifest_refuses_a_bad_recovery_entry(recovered, tmp_path, edit, messag
     path.write_text(json.dumps(manifest))  # the manifest is not checksummed: no rehash needed
     with pytest.raises(BundleError, match=rf"artifacts\[{index}\]\.{message}"):
         Bundle.open(copy)
+
+
+def test_default_mode_comes_from_the_environment(monkeypatch):
+    """Unset, recover is auto (the issue's default: a failing artifact is recovered); $EDGESDK_RECOVER overrides it
+    (the test session sets off), and a bad value there is refused like a bad option."""
+    from edgesdk_converters.options import QuantizeOptions
+
+    monkeypatch.delenv("EDGESDK_RECOVER", raising=False)
+    assert QuantizeOptions().recover == "auto"
+    monkeypatch.setenv("EDGESDK_RECOVER", "on")
+    assert QuantizeOptions().recover == "on"
+    assert QuantizeOptions(recover="off").recover == "off"
+    monkeypatch.setenv("EDGESDK_RECOVER", "always")
+    with pytest.raises(ConversionError, match="EDGESDK_RECOVER"):
+        QuantizeOptions()
