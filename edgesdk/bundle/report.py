@@ -241,15 +241,16 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
     lines = [f"    recovery: {rec.get('status')} ({rec.get('mechanism', '')}), {len(kept)} layer(s) kept in float, "
              f"{rec.get('metric') or 'metric'} {num('metric_before')} -> {num('metric_after')} "
              f"(drop {num('drop_before')} -> {num('drop_after')}), INT8 MACs {num('int8_mac_share_before', '{:.1%}')}"
-             f" -> {num('int8_mac_share', '{:.1%}')}, p50 {num('latency_ms_before', '{:.2f}')} -> "
-             f"{num('latency_ms_after', '{:.2f}')} ms, {len(rec.get('trials') or [])} trial(s) in "
+             f" -> {num('int8_mac_share', '{:.1%}')}, p50 {num('latency_ms_before', '{:.3g}')} -> "
+             f"{num('latency_ms_after', '{:.3g}')} ms, {len(rec.get('trials') or [])} trial(s) in "
              f"{num('seconds', '{:.0f}')} s"]
     if rec.get("note"):
         lines.append(f"      {rec['note']}")
     for layer in kept[:shown]:
         if isinstance(layer, dict):
-            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {layer.get('macs', 0) / 1e6:.2f} MMAC"
-                         f"): {layer.get('reason', '')}")
+            macs = layer.get("macs") or 0
+            size = f"{macs / 1e6:.2f} MMAC" if macs >= 1e5 else f"{macs} MACs"
+            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {size}): {layer.get('reason', '')}")
     if len(kept) > shown:
         lines.append(f"      ... and {len(kept) - shown} more (edgesdk inspect --json)")
     return lines

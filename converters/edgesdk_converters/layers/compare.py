@@ -119,11 +119,15 @@ def compare(float_probe: Probe, int8_probe: Probe, samples: Iterable[list[np.nda
 
 
 def worst(rows: list[LayerError], count: int | None = None, by: str = "added") -> list[LayerError]:
-    """The rows with the lowest SNR first (``by``: "added", falling back to the accumulated SNR where a layer has no
-    added error, or "accumulated"); layers whose error is exactly zero (unquantized plumbing) last."""
-    def key(row: LayerError) -> float:
-        numbers = row.added if by == "added" and row.added is not None and row.added.count else row.accumulated
-        return numbers.snr_db
+    """The rows with the lowest SNR first (``by``: "added", or "accumulated"). By added error, a layer whose added
+    error could not be measured (an input the float artifact does not have under its name) comes after every
+    measured one, ranked among them by its accumulated error."""
+    def key(row: LayerError) -> tuple[int, float]:
+        if by == "added":
+            if row.added is not None and row.added.count:
+                return 0, row.added.snr_db
+            return 1, row.accumulated.snr_db
+        return 0, row.accumulated.snr_db
     ranked = sorted(rows, key=key)
     return ranked if count is None else ranked[:count]
 
