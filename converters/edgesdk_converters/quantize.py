@@ -165,11 +165,11 @@ def quantize(
             built, metrics, opts.recover, src, calib_samples, target_options,
             lambda pair: validate(pair, val_ds, **checked)[0][pair[0].id], out.parent, GOLDEN_ORDER,
             opts.recover_time, say)
-        if any(r.after is None and r.kept for r in recoveries.values()):  # artifacts replaced: judge the bundle again
+        if any(r.status == "recovered" for r in recoveries.values()):  # artifacts replaced: judge the bundle again
             say(f"validation of the recovered artifacts: {len(val_ds)} samples")
             metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
         for aid, rec in recoveries.items():
-            if rec.after is None and rec.kept:
+            if rec.after is None and rec.status == "recovered":
                 rec.after = metrics[aid]
             next(b for b in built if b.id == aid).recovery = rec.as_dict()
         manifest = build_manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,

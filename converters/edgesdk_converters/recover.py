@@ -2,6 +2,9 @@
 float, the fewest that make it pass, by each engine's own mechanism (ONNX Runtime ``nodes_to_exclude``, NNCF
 ``IgnoredScope``, AI Edge Quantizer ``no_quantize`` recipe entries).
 
+First the engine's other range choice is tried with every layer in INT8 (ONNX Runtime's Percentile 99.99, the mean of
+per-sample min/max for NNCF and AI Edge Quantizer: ``OTHER_CALIBRATION``); when it passes nothing is kept in float.
+
 Sensitivity is the layer-by-layer report of :mod:`.layers` on a few calibration samples: each quantized layer run
 alone on the float model's inputs (its *added* error). Layers are kept in float in that order, worst first, those
 that multiply nothing (adds, activations, pooling, softmax: no INT8 MACs lost) before the convolutions and matrix
@@ -48,6 +51,7 @@ class Trial:
     metric_value: float | None
     drop: float | None
     seconds: float
+    calibration: str = "minmax"
 
 
 @dataclass
@@ -66,6 +70,7 @@ class Recovery:
     note: str = ""
     mechanism: str = ""
     engine: str = ""
+    calibration: str = "minmax"
     rank: dict = field(default_factory=dict)  # id(row) -> its rank by added error (1: worst)
 
     def as_dict(self) -> dict:
@@ -83,8 +88,10 @@ class Recovery:
             "metric": self.before.get("metric"),
             "metric_before": self.before.get("metric_value"), "drop_before": self.before.get("drop"),
             "latency_ms_before": self.before.get("latency_ms"),
-            "trials": [{"kept": t.kept, "passed": t.passed, "metric_value": t.metric_value, "drop": t.drop,
-                        "seconds": round(t.seconds, 1)} for t in self.trials],
+            "calibration": self.calibration,
+            "trials": [{"kept": t.kept, "calibration": t.calibration, "passed": t.passed,
+                        "metric_value": t.metric_value, "drop": t.drop, "seconds": round(t.seconds, 1)}
+                       for t in self.trials],
             "seconds": round(self.seconds, 1),
         }
         if self.after is not None:
@@ -137,6 +144,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     started = time.perf_counter()
     engine = int8.engine
     rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine)
+    options = {k: v for k, v in options.items() if k != "calibration"}
     ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
     rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
     probe = probe_for(int8.engine, int8.files[0], int8.runtime)
@@ -152,32 +160,36 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         f"({time.perf_counter() - started:.0f} s); worst: "
         + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
     target = ENGINE_TARGETS[engine]
-    options = {**options, **_calibration_cache(engine, work)}
-    results: dict[frozenset, tuple[Built, dict]] = {}
+    caches: dict[str, dict] = {}
+    results: dict[tuple, tuple[Built, dict]] = {}
+    calibration = "minmax"
 
     def name(row: LayerError) -> str:
         return row.name if engine == "litert" else row.node  # AEQ matches output tensors; the others node names
 
-    def attempt(rows: list[LayerError]) -> dict:
-        key = frozenset(name(r) for r in rows)
+    def attempt(rows: list[LayerError], how: str | None = None) -> dict:
+        how = how or calibration
+        key = (how, frozenset(name(r) for r in rows))
         if key in results:
             return results[key][1]
         t0 = time.perf_counter()
         out = Path(tempfile.mkdtemp(prefix=f"recover-{len(rows)}-", dir=work))
+        cache = caches.setdefault(how, _calibration_cache(engine, work, how))
         try:
             with captured(True):  # the converters' console output (AI Edge Quantizer's bars) stays out of the log
-                made = builder(target)(src, calib, out, keep_float=tuple(sorted(key)), float_model=ref.files[0],
-                                       **options)
+                made = builder(target)(src, calib, out, keep_float=tuple(sorted(key[1])), float_model=ref.files[0],
+                                       calibration=how, **options, **cache)
             candidate = next(b for b in made if b.precision == "int8")
             judged = check([candidate, ref])
         except Exception as exc:  # a converter refusing this split: recovery stops, the bundle keeps the original
             raise _TrialFailed(f"{len(rows)} layer(s) in float: {type(exc).__name__}: {exc}") from exc
         results[key] = (candidate, judged)
         kept_macs = sum(r.macs for r in rows)
-        rec.trials.append(Trial(len(key), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
-                                time.perf_counter() - t0))
-        say(f"[{int8.id}] recovery: {len(key)} layer(s) in float ({kept_macs / max(rec.macs, 1):.1%} of MACs) -> "
-            f"{judged.get('metric')} {_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
+        rec.trials.append(Trial(len(key[1]), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
+                                time.perf_counter() - t0, how))
+        say(f"[{int8.id}] recovery: {how} calibration, {len(key[1])} layer(s) in float "
+            f"({kept_macs / max(rec.macs, 1):.1%} of MACs) -> {judged.get('metric')} "
+            f"{_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
             f"({'passes' if judged['passed'] else 'fails'}, {time.perf_counter() - t0:.0f} s)")
         return judged
 
@@ -185,7 +197,15 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         return time.perf_counter() - started > time_limit * share
 
     try:
-        kept = _search(ranked, attempt, out_of_time)
+        # 0. the engine's other range choice, every layer in INT8: when it passes, nothing is kept in float. When it
+        #    only loses less, the search still starts from the artifact's own choice: a range that clips less of one
+        #    tensor can clip another that a layer kept in float would have spared (measured on a 3-layer model:
+        #    the fewest layers to keep grew from 2 to 3)
+        other = OTHER_CALIBRATION[engine]
+        if not out_of_time(SEARCH_SHARE) and attempt([], other)["passed"]:
+            calibration, kept = other, []
+        else:
+            kept = _search(ranked, attempt, out_of_time)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
@@ -198,10 +218,11 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
                     else "even every quantized layer in float does not pass the gate")
         return int8, rec
     rec.status = "recovered"
+    rec.calibration = calibration
     if out_of_time():
         rec.note = f"stopped by the {time_limit:g} s cap: the smallest passing set found so far is kept"
     rec.kept = kept
-    return results[frozenset(name(r) for r in kept)][0], rec
+    return results[(calibration, frozenset(name(r) for r in kept))][0], rec
 
 
 MEASURED = 8  # multiplying layers whose effect is measured one by one (phase 2 of _search)
@@ -303,11 +324,16 @@ def _best(passing: list[list[LayerError]]) -> list[LayerError] | None:
     return min(passing, key=lambda rows: (sum(r.macs for r in rows), len(rows)))
 
 
-def _calibration_cache(engine: str, work: Path) -> dict:
+# each engine's range choice recovery tries first (benchmarks/results/calibration_methods.txt): ONNX Runtime's
+# Percentile 99.99, the mean of per-sample min/max for NNCF (its own default) and AI Edge Quantizer
+OTHER_CALIBRATION = {"onnxruntime": "percentile", "openvino": "mean_minmax", "litert": "mean_minmax"}
+
+
+def _calibration_cache(engine: str, work: Path, calibration: str) -> dict:
     """Build options that calibrate once for every trial of a recovery: ONNX Runtime's own calibration cache,
     AI Edge Quantizer's statistics kept in memory (NNCF has none: it collects its statistics on every trial)."""
     if engine == "onnxruntime":
-        return {"calibration_cache": work / "onnxruntime-calibration.json"}
+        return {"calibration_cache": work / f"onnxruntime-calibration-{calibration}.json"}
     if engine == "litert":
         return {"statistics": {}}
     return {}

@@ -90,7 +90,7 @@ TENSOR = Obj(required={"name": Str(plain=True), "shape": ListOf(Int(-1, "an inte
 _NUM = Nullable(Num())
 RECOVERY = Obj(
     required={"status": OneOf("recovered", "not_needed", "failed", "out_of_time")},
-    optional={"mechanism": Str(), "ranking": Str(), "note": Str(), "metric": Nullable(Str()),
+    optional={"mechanism": Str(), "ranking": Str(), "note": Str(), "metric": Nullable(Str()), "calibration": Str(),
               "kept_float": ListOf(Obj(required={"layer": Str()}, optional={
                   "engine_node": Str(), "op": Str(), "macs": Int(0, "a non-negative integer"), "reason": Str()})),
               "layers_ranked": Int(0, "a non-negative integer"), "macs": Int(0, "a non-negative integer"),
@@ -99,6 +99,7 @@ RECOVERY = Obj(
               **{k: _NUM for k in ("metric_before", "metric_after", "drop_before", "drop_after", "latency_ms_before",
                                    "latency_ms_after", "seconds")},
               "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"), "passed": Bool(),
+                                             "calibration": Str(),
                                              "metric_value": _NUM, "drop": _NUM, "seconds": _NUM}))},
 )
 ARTIFACT = Obj(

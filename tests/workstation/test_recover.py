@@ -161,7 +161,11 @@ def test_auto_recovers_every_int8_artifact(recovered, unrecovered):
         # the set kept was tried and passed; every trial is recorded with its numbers
         assert any(t["passed"] and t["kept"] == len(kept) for t in rec["trials"]), (aid, rec["trials"])
         for t in rec["trials"]:
-            assert 1 <= t["kept"] <= 3 and t["seconds"] >= 0 and 0 <= t["metric_value"] <= 1, t
+            # 0 layers: the first trial, every layer in INT8 under the engine's other range choice
+            assert 0 <= t["kept"] <= 3 and t["seconds"] >= 0 and 0 <= t["metric_value"] <= 1, t
+            assert t["calibration"] in ("minmax", "percentile", "mean_minmax"), t
+        first = rec["trials"][0]
+        assert first["kept"] == 0 and first["calibration"] == {"onnxruntime-int8": "percentile"}.get(aid, "mean_minmax")
 
         plural = "s" if len(kept) > 1 else ""
         assert f"{len(kept)} layer{plural} kept in float" in entry["method"], entry["method"]
@@ -335,7 +339,8 @@ def test_auto_leaves_a_passing_artifact_without_a_recovery_entry(models, tmp_pat
 # -- limits: time, and a gate nothing can pass ----------------------------------------------------------------
 
 def test_tiny_recover_time_keeps_the_original_and_still_fails(models, unrecovered, tmp_path):
-    manifest, failed = build(models, "failing.onnx", tmp_path / "t.bundle", recover_time=1e-3, targets=["onnx"])
+    manifest, failed = build(models, "failing.onnx", tmp_path / "t.bundle", recover="auto", recover_time=1e-3,
+                             targets=["onnx"])
     assert isinstance(failed, ValidationFailed) and failed.failing == ["onnxruntime-int8"]
     rec = artifact(manifest, "onnxruntime-int8")["recovery"]
     assert rec["status"] == "out_of_time", rec
@@ -351,7 +356,8 @@ def test_tiny_recover_time_keeps_the_original_and_still_fails(models, unrecovere
 def test_a_gate_no_split_passes_ends_failed_with_every_layer_tried(models, unrecovered, tmp_path):
     """max_drop=-1 (the artifact must beat float): even every layer in float fails, so recovery ends "failed"
     after trying all three layers in float together, and keeps the original artifact."""
-    manifest, failed = build(models, "failing.onnx", tmp_path / "f.bundle", max_drop=-1.0, targets=["onnx"])
+    manifest, failed = build(models, "failing.onnx", tmp_path / "f.bundle", max_drop=-1.0, recover="auto",
+                             targets=["onnx"])
     assert isinstance(failed, ValidationFailed)
     rec = artifact(manifest, "onnxruntime-int8")["recovery"]
     assert rec["status"] == "failed", rec
@@ -365,7 +371,7 @@ def test_a_gate_no_split_passes_ends_failed_with_every_layer_tried(models, unrec
 
 # -- options ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["sometimes", "AUTO", None, True])
+@pytest.mark.parametrize("value", ["sometimes", "AUTO", "", True])
 def test_recover_refuses_a_mode_naming_the_allowed_ones(value):
     with pytest.raises(ConversionError, match=r"recover must be one of auto, on, off .*got " + repr(value)):
         QuantizeOptions(recover=value)

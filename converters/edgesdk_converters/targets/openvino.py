@@ -11,14 +11,20 @@ from edgesdk.errors import ConversionError
 from . import Built
 from .onnx import kept_text
 
+CALIBRATIONS = ("minmax", "mean_minmax")
 METHOD = ("nncf.quantize (preset performance: symmetric int8, min/max activation ranges, fast bias correction, "
           "first-layer overflow fix)")
 
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
-          keep_float: tuple[str, ...] = (), float_model: Path | None = None) -> list[Built]:
+          keep_float: tuple[str, ...] = (), float_model: Path | None = None, calibration: str = "minmax"
+          ) -> list[Built]:
     """``keep_float``: friendly names of ops left in float (``nncf.IgnoredScope``); ``float_model``: the float IR
-    built before (recovery re-quantizes it without converting again)."""
+    built before (recovery re-quantizes it without converting again); ``calibration``: ``minmax`` (the default) or
+    ``mean_minmax`` (NNCF's own default: the mean of each sample's min and max, which recovery tries)."""
+    if calibration not in CALIBRATIONS:
+        raise ConversionError(f"openvino target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
+                              f"{calibration!r}")
     import nncf
     import openvino as ov
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
@@ -39,7 +45,8 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         # move by up to 2.4 but no answer changes (98.52% on both); ENABLE (every layer) is exact on every ISA
         # but doubles the error against float on VNNI/AMX CPUs, so it is not worth it here.
         advanced = AdvancedQuantizationParameters(
-            activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
+            activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX) \
+            if calibration == "minmax" else AdvancedQuantizationParameters()
         ignored = nncf.IgnoredScope(names=list(keep_float), validate=False) if keep_float else None
         quantized = nncf.quantize(model, dataset, subset_size=len(samples), preset=nncf.QuantizationPreset.PERFORMANCE,
                                   advanced_parameters=advanced, **({"ignored_scope": ignored} if ignored else {}))
@@ -52,5 +59,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         Built("openvino-fp32", "openvino", "fp32", [fp32, fp32.with_suffix(".bin")], "float reference",
               runtime={"precision_hint": "f32"}),
         Built("openvino-int8", "openvino", "int8", [int8, int8.with_suffix(".bin")],
-              METHOD + kept_text(keep_float, "nncf.IgnoredScope")),
+              (METHOD if calibration == "minmax" else METHOD.replace("min/max activation ranges",
+                                                                      "mean min/max activation ranges"))
+              + kept_text(keep_float, "nncf.IgnoredScope")),
     ]
