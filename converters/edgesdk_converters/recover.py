@@ -145,14 +145,15 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     engine = int8.engine
     rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine)
     options = {k: v for k, v in options.items() if k != "calibration"}
-    ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
+    try:  # a model the probes cannot read (an op an engine cannot expose) keeps its artifact, never stops quantize
+        ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
+        layers = _layers(int8, calib[0])
+    except Exception as exc:
+        rec.seconds = time.perf_counter() - started
+        rec.note = f"the layers could not be read, nothing was tried: {type(exc).__name__}: {str(exc)[:500]}"
+        say(f"[{int8.id}] recovery stopped: {rec.note}")
+        return int8, rec
     rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
-    probe = probe_for(int8.engine, int8.files[0], int8.runtime)
-    try:
-        probe.capture(calib[0])
-        layers = probe.layers()
-    finally:
-        probe.close()
     rec.macs = sum(l.macs for l in layers)
     rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
     rec.ranked = len(ranked)
@@ -397,15 +398,24 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
     return done
 
 
-def _not_needed(b: Built, entry: dict, sample: list[np.ndarray]) -> Recovery:
+def _layers(b: Built, sample: list[np.ndarray]) -> list:
+    """The artifact's layers with their MACs at the sample's shapes."""
     probe = probe_for(b.engine, b.files[0], b.runtime)
     try:
         probe.capture(sample)
-        layers = probe.layers()
+        return probe.layers()
     finally:
         probe.close()
+
+
+def _not_needed(b: Built, entry: dict, sample: list[np.ndarray]) -> Recovery:
     rec = Recovery("not_needed", before=dict(entry), after=dict(entry), mechanism=MECHANISM[b.engine],
                    note="the artifact passes its gate as quantized: nothing kept in float")
+    try:
+        layers = _layers(b, sample)
+    except Exception as exc:  # the MAC shares stay unknown; the artifact is untouched either way
+        rec.note += f" (its layers could not be read: {type(exc).__name__}: {str(exc)[:300]})"
+        return rec
     rec.macs = sum(l.macs for l in layers)
     rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
     return rec

@@ -438,3 +438,20 @@ def test_default_mode_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("EDGESDK_RECOVER", "always")
     with pytest.raises(ConversionError, match="EDGESDK_RECOVER"):
         QuantizeOptions()
+
+
+def test_layers_that_cannot_be_read_keep_the_artifact_and_quantize_goes_on(models, tmp_path, monkeypatch):
+    """A model whose layers a probe cannot read (an op its engine will not expose): recovery records why and keeps
+    the artifact as quantized; quantize still writes the bundle and raises ValidationFailed, never the probe's error.
+    (The probe is made to fail here: no real model at hand breaks a probe.)"""
+    import edgesdk_converters.recover as recover
+
+    def unreadable(*args, **kwargs):
+        raise ConversionError("layer 'x' cannot be read")
+
+    monkeypatch.setattr(recover, "sensitivity", unreadable)
+    manifest, failed = build(models, "failing.onnx", tmp_path / "u.bundle", recover="auto", targets=["onnx"])
+    assert isinstance(failed, ValidationFailed)
+    rec = artifact(manifest, "onnxruntime-int8")["recovery"]
+    assert rec["status"] == "failed" and rec["trials"] == [] and rec["kept_float"] == []
+    assert "could not be read" in rec["note"] and "layer 'x'" in rec["note"]
