@@ -14,6 +14,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import zoo  # noqa: E402
+from edgesdk_converters.task_metrics import edit_distance  # noqa: E402
 
 VAL_SEED = 1  # the validation data's seed; calibration data is drawn with another
 
@@ -49,20 +50,10 @@ def recognizer(calib_seed: int = 0) -> Case:
     def score(outs, ref):
         read = [decode(o) for o in outs]
         exact = np.mean([r == t for r, t in zip(read, truth)]) * 100
-        return exact, sum(_edits(r, t) for r, t in zip(read, truth)) / sum(len(t) for t in truth) * 100
+        return exact, sum(edit_distance(r, t) for r, t in zip(read, truth)) / sum(len(t) for t in truth) * 100
 
     return Case("ppocr_rec", path, (1, 3, 48, 320), list(calib[:, None]), list(val[:, None]),
                 "exact-string %", "CER %", score)
-
-
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance: the character errors of reading ``a`` for ``b``."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
 
 
 def detector(calib_seed: int = 0, size: int = 256) -> Case:
