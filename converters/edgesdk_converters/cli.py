@@ -227,9 +227,11 @@ def debug(
     as_json: bool = typer.Option(False, "--json", help="Print every layer's numbers as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
-    """Find where INT8 loses accuracy: each INT8 artifact against its engine's float artifact, layer by layer, named
-    by the source model's nodes so the engines' reports line up. Per layer: the error it adds (run alone on float
-    inputs) and the error accumulated up to it (SNR in dB, cosine, max/mean |error|); the worst layers first."""
+    """Find where INT8 loses accuracy, layer by layer, on every engine.
+
+    Each INT8 artifact against its engine's float artifact, its layers named by the source model's nodes so the
+    engines' reports line up. Per layer: the error it adds (run alone on float inputs) and the error accumulated up
+    to it (SNR in dB, cosine, max/mean |error|); the worst layers first."""
     if samples < 1 or top < 1:
         raise typer.BadParameter("--samples and --top must be at least 1")
     from .layers.debug import debug_bundle, plot as draw, text
