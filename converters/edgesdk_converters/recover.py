@@ -28,8 +28,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .layers import probe_for
-from .layers.compare import LayerError, compare, worst
-from .layers.debug import SourceNames
+from .layers.compare import LayerError, worst
+from .layers.debug import SourceModel, layer_errors
 from .targets import Built, TARGET_ENGINES, builder
 from .toolchain_output import captured
 
@@ -113,26 +113,18 @@ def _kept(row: LayerError, rank: int, engine: str) -> dict:
 
 
 def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source: Built | None = None
-                ) -> list[LayerError]:
+                ) -> tuple[list[LayerError], list]:
     """The INT8 artifact's quantized layers, worst added error first, named by the source (``source``: the golden
-    float artifact; None: the engine's own names)."""
-    fp = probe_for(ref.engine, ref.files[0], ref.runtime)
-    q = probe_for(int8.engine, int8.files[0], int8.runtime)
-    src = None
-    try:
-        names = lambda layer: None  # noqa: E731
-        if source is not None:
-            src = fp if source.id == ref.id else probe_for(source.engine, source.files[0], source.runtime)
-            src_values = src.capture(samples[0])
-            names = SourceNames.build(fp, samples[0], src.layers(), src_values, same=src is fp)
-        rows = compare(fp, q, samples, names)
-    finally:
-        for p in {id(x): x for x in (fp, q, src) if x is not None}.values():
-            p.close()
+    float artifact; None: the engine's own names); and all its layers with their MACs."""
+    if source is None:
+        rows, layers = layer_errors(int8, ref, samples)
+    else:
+        with SourceModel(source, samples[0]) as named_by:
+            rows, layers = layer_errors(int8, ref, samples, named_by)
     ranked = [r for r in worst(rows) if r.quantized]
     # layers that multiply nothing first (adds, activations, pooling, softmax: keeping one in float costs no INT8
     # MACs), then the multiplying ones; each tier worst first
-    return [r for r in ranked if r.macs == 0] + [r for r in ranked if r.macs > 0]
+    return [r for r in ranked if r.macs == 0] + [r for r in ranked if r.macs > 0], layers
 
 
 def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarray]], options: dict,
@@ -146,8 +138,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine)
     options = {k: v for k, v in options.items() if k != "calibration"}
     try:  # a model the probes cannot read (an op an engine cannot expose) keeps its artifact, never stops quantize
-        ranked = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
-        layers = _layers(int8, calib[0])
+        ranked, layers = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
     except Exception as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"the layers could not be read, nothing was tried: {type(exc).__name__}: {str(exc)[:500]}"

@@ -85,11 +85,8 @@ def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, da
         raise ConversionError(f"bundle {bundle.name!r} has no float artifact to name layers by")
     golden = by_id[golden_id]
     report = DebugReport(str(bundle_path), golden_id, len(feeds))
-    with _Opened(golden) as source:
-        source_layers = source.probe.layers()
-        source_values = source.probe.capture(feeds[0])
-        source_layers = source.probe.layers()  # MACs at the sample's shapes
-        report.source_order = {l.name: k for k, l in enumerate(source_layers)}
+    with SourceModel(golden, feeds[0]) as source:
+        report.source_order = {l.name: k for k, l in enumerate(source.layers)}
         for art in int8:
             ref_id = art.entry.get("reference") or f"{art.engine}-fp32"
             ref = by_id.get(ref_id) or next((a for a in bundle.artifacts if a.engine == art.engine
@@ -98,13 +95,51 @@ def debug_bundle(bundle_path: str | Path, artifacts: list[str] | None = None, da
                 raise ConversionError(f"{art.id} has no float artifact of its engine in the bundle to compare with")
             say(f"[{art.id}] against {ref.id}, {len(feeds)} samples")
             started = time.perf_counter()
-            with _Opened(ref, source if ref.id == golden.id else None) as fp, _Opened(art) as q:
-                names = SourceNames.build(fp.probe, feeds[0], source_layers, source_values, same=ref.id == golden.id)
-                rows = compare(fp.probe, q.probe, feeds, names, progress=progress(f"[{art.id}] layers"))
+            rows, _ = layer_errors(art, ref, feeds, source, progress(f"[{art.id}] layers"))
             unmatched = sum(1 for r in rows if r.source is None)
             report.engines.append(EngineReport(art.id, art.engine, ref.id, rows, time.perf_counter() - started,
                                                unmatched))
     return report
+
+
+def layer_errors(int8, ref, samples: list[list[np.ndarray]], source: "SourceModel | None" = None,
+                 progress: Callable[[Iterable], Iterable] = iter) -> tuple[list[LayerError], list[Layer]]:
+    """``int8`` against its float reference ``ref`` (bundle artifacts or freshly built ones: ``engine``, ``files``,
+    ``runtime``) layer by layer on ``samples``: the rows of :func:`~.compare.compare`, named by ``source`` (None: the
+    engine's own names), and every layer of ``int8`` with its MACs at the samples' shapes."""
+    shared = source is not None and ref.id == source.artifact.id
+    with _Opened(ref, source if shared else None) as fp, _Opened(int8) as q:
+        names = source.names(fp.probe, shared) if source is not None else (lambda layer: None)
+        rows = compare(fp.probe, q.probe, samples, names, progress=progress)
+        return rows, q.probe.layers()
+
+
+class SourceModel:
+    """The golden float artifact opened once, its layers and their values on one sample: what names every other
+    artifact's layers (:class:`SourceNames`)."""
+
+    def __init__(self, artifact, sample: list[np.ndarray]) -> None:
+        self.artifact, self.sample = artifact, sample
+        self.probe = probe_for(artifact.engine, artifact.files[0], artifact.runtime)
+        try:
+            self.values = self.probe.capture(sample)
+            self.layers = self.probe.layers()  # after a capture: MACs at the sample's shapes
+        except BaseException:
+            self.probe.close()
+            raise
+
+    def names(self, probe, same: bool) -> "SourceNames":
+        """The names of ``probe``'s layers (``same``: it is this model's own probe)."""
+        return SourceNames.build(probe, self.sample, self.layers, self.values, same)
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def __enter__(self) -> "SourceModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class SourceNames:
@@ -170,14 +205,15 @@ def _samples(bundle, data: Any, count: int) -> list[list[np.ndarray]]:
 
 
 class _Opened:
-    """A probe on an artifact for a ``with`` block (``shared``: an already open one to use instead)."""
+    """A probe on an artifact for a ``with`` block (``shared``: something already holding an open ``probe`` of it,
+    used instead)."""
 
-    def __init__(self, artifact, shared: "_Opened | None" = None) -> None:
+    def __init__(self, artifact, shared=None) -> None:
         self.artifact, self.shared, self.probe = artifact, shared, None
 
     def __enter__(self) -> "_Opened":
         self.probe = self.shared.probe if self.shared is not None else probe_for(
-            self.artifact.engine, self.artifact.model_path, self.artifact.runtime)
+            self.artifact.engine, self.artifact.files[0], self.artifact.runtime)
         return self
 
     def __exit__(self, *exc) -> None:

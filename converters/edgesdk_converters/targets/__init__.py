@@ -30,5 +30,11 @@ class Built:
     recovery: dict | None = None
 
 
+def kept_text(keep_float, how: str) -> str:
+    """What an INT8 artifact's method says of the layers recovery kept in float (``how``: the engine's mechanism)."""
+    count = f"{len(keep_float)} layer{'s' if len(keep_float) > 1 else ''}"
+    return f"; {count} kept in float ({how})" if keep_float else ""
+
+
 def builder(target: str):
     return importlib.import_module(f"{__name__}.{target}").build

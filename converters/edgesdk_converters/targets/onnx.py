@@ -9,7 +9,7 @@ import numpy as np
 
 from edgesdk.errors import ConversionError
 
-from . import Built
+from . import Built, kept_text
 
 # The quantize_static settings of the INT8 artifact. ``reduce_range`` (7-bit weights) keeps ONNX Runtime's U8S8
 # kernels exact on every CPU: x86 without VNNI (AVX2, AVX-512F) multiplies through VPMADDUBSW, which adds two
@@ -95,11 +95,6 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
               method(options).replace("MinMax calibration", CALIBRATION_TEXT[calibration]) + _upgrade_text(source)
               + kept_text(keep_float, "nodes_to_exclude")),
     ]
-
-
-def kept_text(keep_float, how: str) -> str:
-    count = f"{len(keep_float)} layer{'s' if len(keep_float) > 1 else ''}"
-    return f"; {count} kept in float ({how})" if keep_float else ""
 
 
 def _upgrade_text(source) -> str:

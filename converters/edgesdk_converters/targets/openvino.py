@@ -8,8 +8,7 @@ import numpy as np
 
 from edgesdk.errors import ConversionError
 
-from . import Built
-from .onnx import kept_text
+from . import Built, kept_text
 
 CALIBRATIONS = ("minmax", "mean_minmax")
 METHOD = ("nncf.quantize (preset performance: symmetric int8, min/max activation ranges, fast bias correction, "

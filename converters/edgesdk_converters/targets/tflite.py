@@ -12,8 +12,7 @@ import numpy as np
 from edgesdk.errors import ConversionError
 
 from ..tflite_model import add_signature, prepare_for_quantizer
-from . import Built
-from .onnx import kept_text
+from . import Built, kept_text
 
 # XNNPACK's int8 kernels widen to 32-bit before they add: the same artifact gives identical logits on an AVX2 CPU
 # without VNNI (qemu Haswell) and on VNNI/AMX (benchmarks/int8_isa.py), so no weight-range trick is needed here.
