@@ -48,6 +48,37 @@ def mean_min_max(qsv: dict, new: dict) -> dict:
     return {"min": (qsv["min"] * n + new["min"]) / (n + 1), "max": (qsv["max"] * n + new["max"]) / (n + 1), "n": n + 1}
 
 
+def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
+    """One ``no_quantize`` recipe entry per op with an output tensor named in ``keep_float``, matching that op's
+    whole scope and nothing else.
+
+    AI Edge Quantizer matches a recipe's regex (``re.search``) against an op's scope: its output tensor names joined
+    by ``;``, with a ``;`` after the last. Tensor names carry ``;`` themselves (litert-torch names a fused op
+    ``W;;W;;W;65``), so a pattern built from one name alone also matches other ops' scopes that end in it (``W;;W;65``
+    inside ``W;;W;;W;65``): on the PP-OCRv4 recognizer, keeping 36 ops in float kept dozens more. A name no op
+    outputs is refused: the artifact would silently differ from what was asked."""
+    if not keep_float:
+        return []
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
+
+    # the layer probe names an empty or repeated tensor name "name #index" (its index in the INT8 model): such a
+    # name keeps every op that outputs a tensor of that name in float
+    wanted = {re.sub(r" #[0-9]+$", "", name) for name in keep_float}
+    scopes, found = [], set()
+    for graph in tfl.read_model(str(model)).subgraphs:
+        for op in graph.operators:
+            names = {tfl.get_tensor_name(graph.tensors[i]) for i in op.outputs if i != -1}
+            if names & wanted:
+                found |= names & wanted
+                scopes.append(tfl.get_op_scope(op, graph.tensors))
+    missing = sorted(wanted - found)
+    if missing:
+        raise ConversionError(f"tflite target: keep_float names no op's output tensor: {', '.join(missing[:5])}"
+                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+    return [{"regex": f"^{re.escape(scope)}$", "operation": "*", "algorithm_key": "no_quantize"}
+            for scope in dict.fromkeys(scopes)]
+
+
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
           io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None,
           statistics: dict | None = None, calibration: str = "minmax") -> list[Built]:
@@ -80,11 +111,10 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     calibrated = recipe.static_wi8_ai8() + (_FLOAT_IO if io == "float" else [])
     # calibrated with every op quantized (a quantized op next to a float one needs the statistics of the tensor
     # they share), quantized with the kept ones left out
-    chosen = calibrated + [{"regex": f"(^|;){re.escape(name)}($|;)", "operation": "*", "algorithm_key": "no_quantize"}
-                           for name in keep_float]
     with tempfile.TemporaryDirectory(prefix="edgesdk-aeq-") as scratch:  # out_dir becomes the bundle: no extras
         prepared = prepare_for_quantizer(fp32, Path(scratch) / "quantizer_input.tflite")
         float_input = str(Path(scratch) / "quantizer_input.tflite") if prepared else str(fp32)
+        chosen = calibrated + kept_scopes(float_input, keep_float)
         try:
             if statistics is not None and "qsvs" in statistics:
                 qsvs = statistics["qsvs"]
