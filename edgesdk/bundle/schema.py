@@ -99,7 +99,7 @@ RECOVERY = Obj(
               **{k: _NUM for k in ("metric_before", "metric_after", "drop_before", "drop_after", "latency_ms_before",
                                    "latency_ms_after", "seconds")},
               "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"), "passed": Bool(),
-                                             "calibration": Str(),
+                                             "calibration": Str(), "step": Str(),
                                              "metric_value": _NUM, "drop": _NUM, "seconds": _NUM}))},
 )
 ARTIFACT = Obj(
