@@ -18,6 +18,7 @@ with the INT8 MAC share read from the recovered artifact itself.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import tempfile
 import time
@@ -33,6 +34,8 @@ from .layers.debug import SourceModel, layer_errors
 from .targets import Built, TARGET_ENGINES, builder
 from .toolchain_output import captured
 
+_UNNAMED = re.compile(r"^tensor #[0-9]+$")  # the LiteRT probe's name for a tensor without one
+_REPEATED = re.compile(r" #[0-9]+$")  # its suffix on a repeated name
 ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
 MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
              "litert": "ai-edge-quantizer no_quantize"}
@@ -75,6 +78,7 @@ class Recovery:
     rank: dict = field(default_factory=dict)  # id(row) -> its rank by added error (1: worst)
     harm: dict = field(default_factory=dict)  # id(row) -> the validation entry with only that layer in INT8
     int8_macs_after: int | None = None  # read from the recovered artifact itself
+    macs_after: int | None = None
 
     def as_dict(self) -> dict:
         kept_macs = sum(r.macs for r in self.kept)
@@ -88,8 +92,8 @@ class Recovery:
             "layers_ranked": self.ranked,
             "macs": self.macs,
             "int8_mac_share_before": self.int8_macs_before / self.macs if self.macs else None,
-            "int8_mac_share": ((self.int8_macs_after if self.int8_macs_after is not None
-                                else self.int8_macs_before - kept_macs) / self.macs if self.macs else None),
+            "int8_mac_share": (self.int8_macs_after / self.macs_after if self.macs_after
+                               else (self.int8_macs_before - kept_macs) / self.macs if self.macs else None),
             "metric": self.before.get("metric"),
             "metric_before": self.before.get("metric_value"), "drop_before": self.before.get("drop"),
             "latency_ms_before": self.before.get("latency_ms"),
@@ -153,6 +157,8 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         rec.note = f"the layers could not be read, nothing was tried: {type(exc).__name__}: {str(exc)[:500]}"
         say(f"[{int8.id}] recovery stopped: {rec.note}")
         return int8, rec
+    if engine == "litert":  # AEQ finds an op by its output tensor names: an op whose output has none cannot be kept
+        ranked = [r for r in ranked if not _UNNAMED.match(r.name)]
     rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
     rec.macs = sum(l.macs for l in layers)
     rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
@@ -166,7 +172,9 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     calibration = "minmax"
 
     def name(row: LayerError) -> str:
-        return row.name if engine == "litert" else row.node  # AEQ matches output tensors; the others node names
+        # AEQ matches output tensor names (a repeated one, which the probe suffixes " #index", keeps every op of that
+        # name: the rows sharing it are one unit to AEQ); the others match node names
+        return _REPEATED.sub("", row.name) if engine == "litert" else row.node
 
     def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "") -> dict:
         how = how or calibration
@@ -207,7 +215,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         if not out_of_time(SEARCH_SHARE) and attempt([], other, "calibration")["passed"]:
             calibration, kept = other, []
         else:
-            kept = _search(ranked, attempt, out_of_time, rec.harm)
+            kept = _search(ranked, attempt, out_of_time, rec.harm, name)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
@@ -234,19 +242,21 @@ SEARCH_SHARE = 0.7  # of the time cap for finding a passing set; the rest prunes
 
 
 def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: Callable[..., bool],
-            harm: dict | None = None) -> list[LayerError] | None:
+            harm: dict | None = None, name: Callable[[LayerError], str] = lambda r: r.node
+            ) -> list[LayerError] | None:
     """The set of layers to keep in float: the passing set with the most MACs left in INT8 (then the fewest layers)
     among those tried, None when none passed. ``harm`` receives, per measured layer (``id(row)``), the validation
     entry of step 2.
 
     1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
        of them (worst first) that passes.
-    2. Otherwise each multiplying layer is measured alone in INT8, every other layer in float: the validation
-       set's output cosine against the float reference is its harm (worst added error first, until
-       ``MEASURE_SHARE`` of the time cap). A layer's added error says little of what it does to the outputs: on the
+    2. Otherwise each multiplying layer is measured alone in INT8, every other layer in float (:func:`_harm` of the
+       validation entry), the fewest MACs first (harm per MAC orders them: the cheap ones matter most), until
+       ``MEASURE_SHARE`` of the time cap. A layer's added error says little of what it does to the outputs: on the
        PP-OCRv4 recognizer (LiteRT) the first depthwise convolutions add little error where they are, yet each alone
        in INT8 drops 9-31 lines of 100 downstream; the big convolutions of the last stage, worst by added error,
-       drop none. Harm per MAC orders them, cheap harmful layers first; those not measured follow by added error.
+       drop none. The order: the measured harmful ones by harm per MAC, then those not measured (by added error),
+       then the measured harmless ones. A passing measurement is a passing set too (nearly all in float).
     3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
     4. The free tier shortened again (bisected prefix) with the multiplying layers found.
     5. :func:`_prune`: its multiplying layers back to INT8 one by one, the most MACs first.
@@ -287,13 +297,19 @@ def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time:
             shortest(free, [])
             return _best(passing)
         base = free
-    for row in costly:
+    shared = {n for n in map(name, costly) if sum(name(r) == n for r in costly) > 1}  # not addressable alone
+    for row in sorted(costly, key=lambda r: r.macs):
         if out_of_time(MEASURE_SHARE):
             break
-        harm[id(row)] = attempt(base + [r for r in costly if r is not row], step="sensitivity",
-                                what=f"{row.source or row.node} alone in INT8")
+        if name(row) in shared:
+            continue
+        others = base + [r for r in costly if r is not row]
+        harm[id(row)] = judged = attempt(others, step="sensitivity", what=f"{row.source or row.node} alone in INT8")
+        if judged["passed"]:
+            passing.append(others)
     measured = sorted((r for r in costly if id(r) in harm), key=lambda r: -_harm(harm[id(r)]) / r.macs)
-    order = measured + [r for r in costly if id(r) not in harm]
+    harmless = [r for r in measured if _harm(harm[id(r)]) < HARMLESS]
+    order = ([r for r in measured if r not in harmless] + [r for r in costly if id(r) not in harm] + harmless)
     n = shortest(order, base)
     if n is not None and base:
         shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
@@ -301,12 +317,19 @@ def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time:
     return _best(passing)
 
 
+HARMLESS = 1e-5  # a layer whose harm alone is below this goes last
+
+
 def _harm(judged: dict) -> float:
-    """How far a layer alone in INT8 moves the outputs: 1 - cosine against the float reference, plus the metric's
-    drop as a fraction when it drops (a layer that alone fails the gate ranks before any that does not)."""
+    """How far a layer alone in INT8 moves the outputs (the validation entry of that trial): 1 - cosine against
+    the float reference, plus the metric's drop over the gate's limit (both in the drop's own unit: points, px),
+    plus 1 when that alone fails the gate (for any reason: drop, error cap, dead output)."""
     cosine = judged.get("cosine_similarity")
-    drop = judged.get("drop") or 0.0
-    return (1.0 - cosine if cosine is not None else 0.0) + max(float(drop), 0.0) / 100.0
+    drop, limit = judged.get("drop"), judged.get("max_drop")
+    value = 1.0 - cosine if cosine is not None and math.isfinite(cosine) else 0.0
+    if drop is not None and limit:
+        value += max(float(drop), 0.0) / float(limit)
+    return value + (0.0 if judged.get("passed") else 1.0)
 
 
 PRUNE = 12  # trials spent at most on taking multiplying layers back to INT8 one by one
@@ -427,11 +450,13 @@ def _check_kept(chosen: Built, rec: Recovery, sample: list[np.ndarray]) -> None:
                                                             f"{type(exc).__name__}: {str(exc)[:300]}")
         return
     rec.int8_macs_after = sum(l.macs for l in layers if l.quantized)
-    asked = rec.int8_macs_before - sum(r.macs for r in rec.kept)
-    if rec.macs and abs(rec.int8_macs_after - asked) > 0.005 * rec.macs:
+    rec.macs_after = sum(l.macs for l in layers)
+    asked = (rec.int8_macs_before - sum(r.macs for r in rec.kept)) / rec.macs if rec.macs else None
+    got = rec.int8_macs_after / rec.macs_after if rec.macs_after else None
+    if asked is not None and got is not None and abs(got - asked) > 0.005:
         rec.note = (rec.note + "; " if rec.note else "") + (
-            f"the recovered artifact keeps {rec.int8_macs_after / rec.macs:.1%} of its MACs in INT8 where the layers "
-            f"asked for leave {asked / rec.macs:.1%}: the share recorded is the artifact's")
+            f"the recovered artifact keeps {got:.1%} of its MACs in INT8 where the layers asked for leave "
+            f"{asked:.1%}: the share recorded is the artifact's")
 
 
 def _not_needed(b: Built, entry: dict, sample: list[np.ndarray]) -> Recovery:

@@ -1,0 +1,86 @@
+"""The recovery search itself (``recover._search``, ``recover._harm``) on a model of a network's gate: each layer
+left in INT8 adds its own noise to the outputs, the outputs' cosine is 1 - the summed noise, and the gate passes
+below a noise budget. No engine runs here (test_recover.py runs the real ones): these pin the order in which layers
+are measured and kept, which the real recognizer takes half an hour to show."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk_converters.layers.compare import LayerError
+from edgesdk_converters.recover import HARMLESS, _harm, _search
+
+
+def row(name: str, macs: int, added_db: float = 30.0) -> LayerError:
+    return LayerError(name=name, op="CONV_2D" if macs else "ADD", node=name, position=0, macs=macs, quantized=True,
+                      source=name)
+
+
+class Gate:
+    """Noise per layer name; a set kept in float passes when the noise of the layers still in INT8 is under
+    ``budget``. Records every trial as (step, names kept in float)."""
+
+    def __init__(self, noise: dict[str, float], budget: float):
+        self.noise, self.budget, self.trials = noise, budget, []
+
+    def __call__(self, rows, how=None, step="search", what=""):
+        kept = {r.name for r in rows}
+        self.trials.append((step, frozenset(kept)))
+        total = sum(v for k, v in self.noise.items() if k not in kept)
+        return {"passed": total < self.budget, "cosine_similarity": 1.0 - total, "metric": "accuracy",
+                "metric_value": 1.0 - total, "drop": 100 * total, "max_drop": 100 * self.budget}
+
+
+def never(share: float = 1.0) -> bool:
+    return False
+
+
+def test_harm_reads_the_drop_in_its_own_unit_and_a_failure_first():
+    px = {"passed": True, "cosine_similarity": 0.99, "drop": 2.0, "max_drop": 4.0}  # landmarks: px
+    assert _harm(px) == pytest.approx(0.01 + 0.5)
+    assert _harm({"passed": True, "cosine_similarity": None, "drop": None, "max_drop": 3.0}) == 0.0
+    assert _harm({"passed": True, "cosine_similarity": 1.0, "drop": -1.0, "max_drop": 3.0}) == 0.0  # a gain
+    failed = {"passed": False, "cosine_similarity": 1.0, "drop": 0.0, "max_drop": 3.0}  # e.g. a dead output
+    assert _harm(failed) == 1.0 > _harm(px)
+    assert HARMLESS < 1e-3
+
+
+def test_cheap_harmful_layers_are_kept_not_the_big_ones_added_error_ranks_first():
+    # ranked as added error ranks them (the big convolutions worst), the gate as the recognizer behaves: two small
+    # early layers break it, the big ones barely move the outputs
+    ranked = [row("add", 0), row("big1", 1000), row("big2", 1000), row("small1", 10), row("small2", 10)]
+    gate = Gate({"add": 0.03, "big1": 0.001, "big2": 0.001, "small1": 0.02, "small2": 0.02}, budget=0.01)
+    kept = _search(ranked, gate, never)
+    assert {r.name for r in kept} == {"add", "small1", "small2"}
+    measured = [next(iter(set(n for n in ("big1", "big2", "small1", "small2")) - kept_)) for step, kept_ in
+                gate.trials if step == "sensitivity"]
+    assert measured == ["small1", "small2", "big1", "big2"]  # the fewest MACs first
+
+
+def test_layers_measured_harmless_go_after_the_unmeasured_ones():
+    ranked = [row("a", 0)] + [row(f"c{k}", 10 * (k + 1)) for k in range(4)]
+    gate = Gate({"a": 0.5, "c0": 0.0, "c1": 0.0, "c2": 0.3, "c3": 0.3}, budget=0.1)
+    clock = iter(range(1000))
+    measured_two = lambda share=1.0: share == 0.4 and next(clock) >= 2  # noqa: E731  (two measurements, then out)
+    kept = _search(ranked, gate, measured_two)
+    assert {r.name for r in kept} == {"a", "c2", "c3"}
+    first_search = next(kept_ for step, kept_ in gate.trials if step == "search" and kept_ != {"a"})
+    assert first_search == {"a", "c2"}  # not a harmless c0 or c1: the unmeasured c2 comes before them
+
+
+def test_a_passing_measurement_is_a_result_when_time_runs_out():
+    ranked = [row("a", 0), row("c0", 10), row("c1", 20)]
+    gate = Gate({"a": 0.5, "c0": 0.05, "c1": 0.5}, budget=0.1)
+    after_measuring = lambda share=1.0: share > 0.4 and sum(s == "sensitivity" for s, _ in gate.trials) == 2  # noqa
+    kept = _search(ranked, gate, after_measuring)
+    assert kept is not None and {r.name for r in kept} == {"a", "c1"}  # c0 alone in INT8 passed
+    assert all(step in ("search", "sensitivity") for step, _ in gate.trials)
+
+
+def test_rows_sharing_an_engine_name_are_not_measured_alone():
+    ranked = [row("a", 0), row("x", 10), row("x #7", 20), row("y", 30)]
+    gate = Gate({"a": 0.5, "x": 0.3, "y": 0.0}, budget=0.1)
+    name = lambda r: r.name.split(" #")[0]  # noqa: E731  (as recovery names LiteRT rows)
+    _search(ranked, gate, never, name=name)
+    alone = [frozenset({"a", "x", "x #7", "y"}) - kept for step, kept in gate.trials if step == "sensitivity"]
+    assert alone == [frozenset({"y"})]
