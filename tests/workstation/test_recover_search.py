@@ -20,15 +20,16 @@ class Gate:
     """Noise per layer name; a set kept in float passes when the noise of the layers still in INT8 is under
     ``budget``. Records every trial as (step, names kept in float)."""
 
-    def __init__(self, noise: dict[str, float], budget: float):
-        self.noise, self.budget, self.trials = noise, budget, []
+    def __init__(self, noise: dict[str, float], budget: float, p50=lambda kept: None):
+        self.noise, self.budget, self.trials, self.p50 = noise, budget, [], p50
 
     def __call__(self, rows, how=None, step="search", what=""):
         kept = {r.name for r in rows}
         self.trials.append((step, frozenset(kept)))
         total = sum(v for k, v in self.noise.items() if k not in kept)
         return {"passed": total < self.budget, "cosine_similarity": 1.0 - total, "metric": "accuracy",
-                "metric_value": 1.0 - total, "drop": 100 * total, "max_drop": 100 * self.budget}
+                "metric_value": 1.0 - total, "drop": 100 * total, "max_drop": 100 * self.budget,
+                "latency_ms": self.p50(kept)}
 
 
 def never(share: float = 1.0) -> bool:
@@ -84,3 +85,19 @@ def test_rows_sharing_an_engine_name_are_not_measured_alone():
     _search(ranked, gate, never, name=name)
     alone = [frozenset({"a", "x", "x #7", "y"}) - kept for step, kept in gate.trials if step == "sensitivity"]
     assert alone == [frozenset({"y"})]
+
+
+def test_among_sets_with_the_same_mac_share_the_fastest_is_kept_not_the_fewest_layers():
+    # LiteRT runs its INT8 elementwise ops slower than float ones: each free layer kept in float makes it faster
+    ranked = [row("a", 0), row("b", 0), row("c", 1000)]
+    gate = Gate({"a": 0.5, "b": 0.0, "c": 0.0}, budget=0.1, p50=lambda kept: 10.0 - 2.5 * len(kept & {"a", "b"}))
+    kept = _search(ranked, gate, never)
+    assert [s for s, k in gate.trials] == ["search", "search"] and gate.trials[1][1] == {"a"}  # {a} passed too
+    assert {r.name for r in kept} == {"a", "b"}
+
+
+def test_a_set_with_fewer_macs_in_float_wins_over_a_faster_one():
+    ranked = [row("a", 0), row("c", 10), row("d", 1000)]
+    gate = Gate({"a": 0.5, "c": 0.5, "d": 0.05}, budget=0.1, p50=lambda kept: 1.0 if "d" in kept else 9.0)
+    kept = _search(ranked, gate, never)
+    assert {r.name for r in kept} == {"a", "c"}
