@@ -1,13 +1,15 @@
-"""The recovery search itself (``recover._search``, ``recover._harm``) on a model of a network's gate: each layer
-left in INT8 adds its own noise to the outputs, the outputs' cosine is 1 - the summed noise, and the gate passes
-below a noise budget. No engine runs here (test_recover.py runs the real ones): these pin the order in which layers
-are measured and kept, which the real recognizer takes half an hour to show."""
+"""The recovery search itself (which layers it measures, tries and keeps, and how it weighs harm) on a model of a
+network's gate: each layer left in INT8 adds its own noise to the outputs, the outputs' cosine is 1 - the summed
+noise, and the gate passes below a noise budget. No engine runs here (test_recover.py runs the real ones): these pin
+the order in which layers are measured and kept, which the real recognizer takes half an hour to show."""
 
 from __future__ import annotations
 
 import pytest
 
 from edgesdk_converters.layers.compare import LayerError
+# private: the search's order and harm weighing have no public door short of quantizing a real model (30 min on the
+# recognizer); test_recover.py covers the public route on real engines
 from edgesdk_converters.recover import HARMLESS, _harm, _search
 
 
