@@ -355,9 +355,10 @@ def _prune(found: list[LayerError] | None, ok: Callable[..., bool],
 def _best(passing: list[tuple[list[LayerError], float]], total: int, fastest: bool = True
           ) -> list[LayerError] | None:
     """The passing set with the fewest MACs in float to the whole percent of ``total``, then the lowest p50, then the
-    fewest layers (``fastest=False``: the fewest MACs in float, then the fewest layers). Keeping a layer without MACs in float can make an artifact faster, not only slower: on the PP-OCRv4
-    recognizer LiteRT runs its INT8 adds, activations and softmax slower than float ones (every such op float: 5.8 ms,
-    every op INT8: 26.5 ms, float 8.8 ms), so two sets keeping 2.8% and 3.0% of the MACs in float are told apart by
+    fewest layers (``fastest=False``: the fewest MACs in float, then the fewest layers). Keeping a layer without MACs
+    in float can make an artifact faster, not only slower: on the PP-OCRv4 recognizer LiteRT runs its INT8 adds,
+    activations and softmax slower than float ones (every such op float: 5.8 ms, every op INT8: 26.5 ms, float
+    8.8 ms), so two sets keeping 2.8% and 3.0% of the MACs in float are told apart by
     their speed."""
     if not passing:
         return None
