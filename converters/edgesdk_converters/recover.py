@@ -18,7 +18,6 @@ with the INT8 MAC share read from the recovered artifact itself.
 from __future__ import annotations
 
 import math
-import re
 import shutil
 import tempfile
 import time
@@ -31,11 +30,10 @@ import numpy as np
 from .layers import probe_for
 from .layers.compare import LayerError, worst
 from .layers.debug import SourceModel, layer_errors
+from .layers.litert import tensor_name
 from .targets import Built, TARGET_ENGINES, builder
 from .toolchain_output import captured
 
-_UNNAMED = re.compile(r"^tensor #[0-9]+$")  # the LiteRT probe's name for a tensor without one
-_REPEATED = re.compile(r" #[0-9]+$")  # its suffix on a repeated name
 ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
 MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
              "litert": "ai-edge-quantizer no_quantize"}
@@ -158,7 +156,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         say(f"[{int8.id}] recovery stopped: {rec.note}")
         return int8, rec
     if engine == "litert":  # AEQ finds an op by its output tensor names: an op whose output has none cannot be kept
-        ranked = [r for r in ranked if not _UNNAMED.match(r.name)]
+        ranked = [r for r in ranked if tensor_name(r.name)]
     rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
     rec.macs = sum(l.macs for l in layers)
     rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
@@ -172,9 +170,9 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     calibration = "minmax"
 
     def name(row: LayerError) -> str:
-        # AEQ matches output tensor names (a repeated one, which the probe suffixes " #index", keeps every op of that
-        # name: the rows sharing it are one unit to AEQ); the others match node names
-        return _REPEATED.sub("", row.name) if engine == "litert" else row.node
+        # AEQ matches output tensor names (a repeated one keeps every op of that name: the rows sharing it are one
+        # unit to AEQ); the others match node names
+        return tensor_name(row.name) if engine == "litert" else row.node
 
     def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "") -> dict:
         how = how or calibration
@@ -246,8 +244,7 @@ def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time:
             ) -> list[LayerError] | None:
     """The set of layers to keep in float: among the passing sets tried, the one with the most MACs left in INT8 to
     the whole percent, then the fastest (the trial's p50), then the fewest layers (:func:`_best`); None when none
-    passed. ``harm`` receives, per measured layer (``id(row)``), the validation
-    entry of step 2.
+    passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
 
     1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
        of them (worst first) that passes.

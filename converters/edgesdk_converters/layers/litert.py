@@ -353,7 +353,8 @@ def _ids(tensors) -> list[int]:
 
 
 def _unique_names(tensors) -> list[str]:
-    """Each tensor's name; an empty or repeated one gets its index, so that names identify tensors."""
+    """Each tensor's name; an empty or repeated one gets its index, so that names identify tensors
+    (:func:`tensor_name` reads the model's name back)."""
     names, seen = [], set()
     for i, tensor in enumerate(tensors):
         name = tensor.name.decode("utf-8", "replace") if isinstance(tensor.name, bytes) else (tensor.name or "")
@@ -362,6 +363,15 @@ def _unique_names(tensors) -> list[str]:
         seen.add(name)
         names.append(name)
     return names
+
+
+def tensor_name(layer_name: str) -> str:
+    """The name a layer's output tensor has in the model (what AI Edge Quantizer matches): the probe's name without
+    the ``" #index"`` it adds to a repeated one; "" for a tensor that has none."""
+    base, sep, index = layer_name.rpartition(" #")
+    if not sep or not index.isdigit():
+        return layer_name
+    return "" if base == "tensor" else base
 
 
 def _quantization(tensor) -> tuple[np.ndarray | None, np.ndarray | None, int]:

@@ -61,9 +61,11 @@ def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
         return []
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
 
-    # the layer probe names an empty or repeated tensor name "name #index" (its index in the INT8 model): such a
-    # name keeps every op that outputs a tensor of that name in float
-    wanted = {re.sub(r" #[0-9]+$", "", name) for name in keep_float}
+    from ..layers.litert import tensor_name
+
+    # a repeated name (the layer probe's "name #index") keeps every op that outputs a tensor of that name in float;
+    # a tensor without a name cannot be matched, and is refused below
+    wanted = {tensor_name(name) or name for name in keep_float}
     scopes, found = [], set()
     for graph in tfl.read_model(str(model)).subgraphs:
         for op in graph.operators:
