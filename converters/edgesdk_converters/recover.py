@@ -9,7 +9,9 @@ Which layers: first those that multiply nothing (adds, activations, pooling, sof
 the layer-by-layer report of :mod:`.layers` (each quantized layer run alone on the float model's inputs: its *added*
 error); then the multiplying ones, each measured alone in INT8 with every other layer in float (how far that moves the
 validation outputs), cheapest harm first. Prefixes of that order are tried (1, 2, 4... then bisected) until the
-artifact passes its gate, then the set is pruned (:func:`_search`). Every trial re-quantizes (the float model is
+artifact passes its gate, then the set is pruned: each multiplying layer kept goes back to INT8 when the artifact
+still passes, with its own ranges or, on ONNX Runtime and LiteRT, with the other range choice on the tensors that
+layer reads (the per-layer range choice; :func:`_search`). Every trial re-quantizes (the float model is
 reused, not converted again) and validates the artifact against its float reference on the whole validation set,
 under a time cap. What was kept, why, and what it cost is recorded in the manifest's artifact entry (``recovery``),
 with the INT8 MAC share read from the recovered artifact itself.
@@ -53,7 +55,8 @@ class Trial:
     drop: float | None
     seconds: float
     calibration: str = "minmax"
-    step: str = "search"  # calibration | sensitivity | search | prune
+    step: str = "search"  # calibration | sensitivity | search | prune | ranges
+    layer_ranges: int = 0  # layers in INT8 with the other range choice on the tensors they read
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Recovery:
     harm: dict = field(default_factory=dict)  # id(row) -> the validation entry with only that layer in INT8
     int8_macs_after: int | None = None  # read from the recovered artifact itself
     macs_after: int | None = None
+    ranged: list[LayerError] = field(default_factory=list)  # in INT8 with the other range choice on their tensors
 
     def as_dict(self) -> dict:
         kept_macs = sum(r.macs for r in self.kept)
@@ -87,6 +91,7 @@ class Recovery:
                        f"ones by measured harm per MAC (the validation set's output cosine with only that layer in "
                        f"INT8, everything else float), those not measured in time by added error",
             "kept_float": [_kept(r, self.rank.get(id(r), 0), self.engine, self.harm.get(id(r))) for r in self.kept],
+            "layer_ranges": [_ranged(r, self.engine, self.harm.get(id(r))) for r in self.ranged],
             "layers_ranked": self.ranked,
             "macs": self.macs,
             "int8_mac_share_before": self.int8_macs_before / self.macs if self.macs else None,
@@ -96,7 +101,8 @@ class Recovery:
             "metric_before": self.before.get("metric_value"), "drop_before": self.before.get("drop"),
             "latency_ms_before": self.before.get("latency_ms"),
             "calibration": self.calibration,
-            "trials": [{"kept": t.kept, "step": t.step, "calibration": t.calibration, "passed": t.passed,
+            "trials": [{"kept": t.kept, "layer_ranges": t.layer_ranges, "step": t.step, "calibration": t.calibration,
+                        "passed": t.passed,
                         "metric_value": t.metric_value, "drop": t.drop, "seconds": round(t.seconds, 1)}
                        for t in self.trials],
             "seconds": round(self.seconds, 1),
@@ -121,6 +127,17 @@ def _kept(row: LayerError, rank: int, engine: str, harm: dict | None = None) -> 
                   + reason)
     return {"layer": row.source or row.node, "engine_node": node, "op": row.op, "macs": row.macs,
             "reason": reason + ("" if row.macs else " (no MACs: free to keep in float)")}
+
+
+def _ranged(row: LayerError, engine: str, harm: dict | None = None) -> dict:
+    """A layer the search kept in float and the per-layer range choice took back to INT8."""
+    reason = (f"kept in float by the search; back in INT8 with {RANGES[engine]} ranges on the tensors it reads "
+              f"(every other tensor keeps the artifact's) the artifact still passes")
+    if harm is not None:
+        reason += (f"; alone in INT8 with the artifact's ranges it moved the outputs to cosine "
+                   f"{_num(harm.get('cosine_similarity'))}, {harm.get('metric')} {_num(harm.get('metric_value'))}")
+    return {"layer": row.source or row.node, "engine_node": row.name if engine == "litert" else row.node,
+            "op": row.op, "macs": row.macs, "ranges": RANGES[engine], "reason": reason}
 
 
 def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source: Built | None = None
@@ -174,18 +191,25 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         # unit to AEQ); the others match node names
         return tensor_name(row.name) if engine == "litert" else row.node
 
-    def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "") -> dict:
+    def cache(how: str) -> dict:
+        return caches.setdefault(how, _calibration_cache(engine, work, how))
+
+    def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "",
+                ranged: list[LayerError] = ()) -> dict:
         how = how or calibration
-        key = (how, frozenset(name(r) for r in rows))
+        key = (how, frozenset(name(r) for r in rows), frozenset(name(r) for r in ranged))
         if key in results:
             return results[key][1]
         t0 = time.perf_counter()
         out = Path(tempfile.mkdtemp(prefix=f"recover-{len(rows)}-", dir=work))
-        cache = caches.setdefault(how, _calibration_cache(engine, work, how))
+        per_layer = {} if not ranged else {
+            "layer_ranges": tuple(sorted(key[2])), "layer_calibration": OTHER_CALIBRATION[engine],
+            **({"layer_calibration_cache": cache(OTHER_CALIBRATION[engine])["calibration_cache"]}
+               if engine == "onnxruntime" else {})}
         try:
             with captured(True):  # the converters' console output (AI Edge Quantizer's bars) stays out of the log
                 made = builder(target)(src, calib, out, keep_float=tuple(sorted(key[1])), float_model=ref.files[0],
-                                       calibration=how, **options, **cache)
+                                       calibration=how, **options, **cache(how), **per_layer)
             candidate = next(b for b in made if b.precision == "int8")
             judged = check([candidate, ref])
         except Exception as exc:  # a converter refusing this split: recovery stops, the bundle keeps the original
@@ -193,9 +217,9 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         results[key] = (candidate, judged)
         kept_macs = sum(r.macs for r in rows)
         rec.trials.append(Trial(len(key[1]), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
-                                time.perf_counter() - t0, how, step))
+                                time.perf_counter() - t0, how, step, len(key[2])))
         say(f"[{int8.id}] recovery ({step}{': ' + what if what else ''}): {how} calibration, {len(key[1])} layer(s) "
-            f"in float "
+            f"in float" + (f", {len(key[2])} with {RANGES[engine]} ranges" if key[2] else "") + " "
             f"({kept_macs / max(rec.macs, 1):.1%} of MACs) -> {judged.get('metric')} "
             f"{_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
             f"({'passes' if judged['passed'] else 'fails'}, {time.perf_counter() - t0:.0f} s)")
@@ -211,16 +235,16 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         #    the fewest layers to keep grew from 2 to 3)
         other = OTHER_CALIBRATION[engine]
         if not out_of_time(SEARCH_SHARE) and attempt([], other, "calibration")["passed"]:
-            calibration, kept = other, []
+            calibration, found = other, ([], [])
         else:
-            kept = _search(ranked, attempt, out_of_time, rec.harm, name)
+            found = _search(ranked, attempt, out_of_time, rec.harm, name, ranges=engine in RANGES)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
         say(f"[{int8.id}] recovery stopped: {rec.note}")
         return int8, rec
     rec.seconds = time.perf_counter() - started
-    if kept is None:
+    if found is None:
         rec.status = "out_of_time" if out_of_time() else "failed"
         rec.note = (f"no set of layers kept in float passed within {time_limit:g} s" if out_of_time()
                     else "even every quantized layer in float does not pass the gate")
@@ -229,8 +253,8 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     rec.calibration = calibration
     if out_of_time():
         rec.note = f"stopped by the {time_limit:g} s cap: the smallest passing set found so far is kept"
-    rec.kept = kept
-    chosen = results[(calibration, frozenset(name(r) for r in kept))][0]
+    rec.kept, rec.ranged = found
+    chosen = results[(calibration, *(frozenset(name(r) for r in rows) for rows in found))][0]
     _check_kept(chosen, rec, calib[0])
     return chosen, rec
 
@@ -239,12 +263,16 @@ MEASURE_SHARE = 0.4  # of the time cap for measuring the multiplying layers' har
 SEARCH_SHARE = 0.7  # of the time cap for finding a passing set; the rest prunes it
 
 
+Found = tuple[list[LayerError], list[LayerError]]  # (layers kept in float, layers with the other range choice)
+
+
 def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: Callable[..., bool],
-            harm: dict | None = None, name: Callable[[LayerError], str] = lambda r: r.node
-            ) -> list[LayerError] | None:
-    """The set of layers to keep in float: among the passing sets tried, the one with the most MACs left in INT8 to
-    the whole percent, then the fastest (the trial's p50), then the fewest layers (:func:`_best`); None when none
-    passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
+            harm: dict | None = None, name: Callable[[LayerError], str] = lambda r: r.node, ranges: bool = False
+            ) -> Found | None:
+    """The layers to keep in float, and those in INT8 with the other range choice on the tensors they read
+    (``ranges``: the engine has a per-layer range choice): among the passing sets tried, the one with the most MACs
+    left in INT8 to the whole percent, then the fastest (the trial's p50), then the fewest layers (:func:`_best`);
+    None when none passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
 
     1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
        of them (worst first) that passes.
@@ -257,18 +285,19 @@ def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time:
        then the measured harmless ones. A passing measurement is a passing set too (nearly all in float).
     3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
     4. The free tier shortened again (bisected prefix) with the multiplying layers found.
-    5. :func:`_prune`: its multiplying layers back to INT8 one by one, the most MACs first.
+    5. :func:`_prune`: its multiplying layers back to INT8 one by one, the most MACs first, each with the artifact's
+       ranges or else (``ranges``) with the other range choice on the tensors it reads.
     Steps 1-4 stop at ``SEARCH_SHARE`` of the time cap, step 5 at the cap; trials are cached, so no set is built
     twice."""
     searching = lambda: out_of_time(SEARCH_SHARE)  # noqa: E731
-    passing: list[tuple[list[LayerError], float]] = []  # each passing set with its trial's p50
+    passing: list[tuple[list[LayerError], list[LayerError], float]] = []  # each passing set, its trial's p50
     total = sum(r.macs for r in ranked)
     harm = {} if harm is None else harm
 
-    def ok(rows: list[LayerError], step: str = "search") -> bool:
-        judged = attempt(rows, step=step)
+    def ok(rows: list[LayerError], step: str = "search", ranged: list[LayerError] = ()) -> bool:
+        judged = attempt(rows, step=step, ranged=list(ranged))
         if judged["passed"]:
-            passing.append((list(rows), _p50(judged)))
+            passing.append((list(rows), list(ranged), _p50(judged)))
         return bool(judged["passed"])
 
     def shortest(prefix_of: list[LayerError], base: list[LayerError], lo: int = 0) -> int | None:
@@ -305,14 +334,14 @@ def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time:
         others = base + [r for r in costly if r is not row]
         harm[id(row)] = judged = attempt(others, step="sensitivity", what=f"{row.source or row.node} alone in INT8")
         if judged["passed"]:
-            passing.append((others, _p50(judged)))
+            passing.append((others, [], _p50(judged)))
     measured = sorted((r for r in costly if id(r) in harm), key=lambda r: -_harm(harm[id(r)]) / r.macs)
     harmless = [r for r in measured if _harm(harm[id(r)]) < HARMLESS]
     order = ([r for r in measured if r not in harmless] + [r for r in costly if id(r) not in harm] + harmless)
     n = shortest(order, base)
     if n is not None and base:
         shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
-    _prune(_best(passing, total, fastest=False), ok, out_of_time)  # from the smallest: fewer sets to try
+    _prune(_best(passing, total, fastest=False), ok, out_of_time, ranges)  # from the smallest: fewer sets to try
     return _best(passing, total)
 
 
@@ -331,26 +360,33 @@ def _harm(judged: dict) -> float:
     return value + (0.0 if judged.get("passed") else 1.0)
 
 
-PRUNE = 12  # trials spent at most on taking multiplying layers back to INT8 one by one
+PRUNE = 12  # multiplying layers taken back to INT8 one by one at most (two trials each with the other range choice)
 
 
-def _prune(found: list[LayerError] | None, ok: Callable[..., bool],
-           out_of_time: Callable[[], bool]) -> None:
+def _prune(found: Found | None, ok: Callable[..., bool], out_of_time: Callable[[], bool], ranges: bool = False
+           ) -> None:
     """Take the multiplying layers of a passing set back to INT8 one at a time, the most MACs first, keeping each
-    removal that still passes (a set found by prefixes carries layers it did not need)."""
+    removal that still passes (a set found by prefixes carries layers it did not need). ``ranges``: a layer that
+    fails with the artifact's ranges is tried again with the other range choice on the tensors it reads (the
+    per-layer range choice). On the PP-OCRv4 recognizer (LiteRT, every layer without MACs in float) five early
+    convolutions, each alone in INT8 with everything else float, read 69/84/89/91/87 lines of 100 with running
+    min/max and 86/88/99/100/100 with the mean of per-sample min/max on their inputs; all five in INT8 read 84 and 98
+    (97 with the five in float)."""
     if not found:
         return
-    current = list(found)
-    for row in sorted((r for r in found if r.macs > 0), key=lambda r: -r.macs)[:PRUNE]:
+    current, ranged = list(found[0]), list(found[1])
+    for row in sorted((r for r in current if r.macs > 0), key=lambda r: -r.macs)[:PRUNE]:
         if out_of_time():
             return
         trial = [r for r in current if r is not row]
-        if trial and ok(trial, "prune"):
+        if (trial or ranged) and ok(trial, "prune", ranged):
             current = trial
+        elif ranges and not out_of_time() and ok(trial, "ranges", ranged + [row]):
+            current, ranged = trial, ranged + [row]
 
 
-def _best(passing: list[tuple[list[LayerError], float]], total: int, fastest: bool = True
-          ) -> list[LayerError] | None:
+def _best(passing: list[tuple[list[LayerError], list[LayerError], float]], total: int, fastest: bool = True
+          ) -> Found | None:
     """The passing set with the fewest MACs in float to the whole percent of ``total``, then the lowest p50, then the
     fewest layers (``fastest=False``: the fewest MACs in float, then the fewest layers). Keeping a layer without MACs
     in float can make an artifact faster, not only slower: on the PP-OCRv4 recognizer LiteRT runs its INT8 adds,
@@ -360,9 +396,11 @@ def _best(passing: list[tuple[list[LayerError], float]], total: int, fastest: bo
     if not passing:
         return None
     if not fastest:
-        return min(passing, key=lambda pair: (sum(r.macs for r in pair[0]), len(pair[0])))[0]
-    return min(passing, key=lambda pair: (round(100 * sum(r.macs for r in pair[0]) / max(total, 1)), pair[1],
-                                          len(pair[0])))[0]
+        kept, ranged, _ = min(passing, key=lambda found: (sum(r.macs for r in found[0]), len(found[0])))
+    else:
+        kept, ranged, _ = min(passing, key=lambda found: (round(100 * sum(r.macs for r in found[0]) / max(total, 1)),
+                                                          found[2], len(found[0])))
+    return kept, ranged
 
 
 def _p50(judged: dict) -> float:
@@ -373,6 +411,9 @@ def _p50(judged: dict) -> float:
 # each engine's range choice recovery tries first (benchmarks/results/calibration_methods.txt): ONNX Runtime's
 # Percentile 99.99, the mean of per-sample min/max for NNCF (its own default) and AI Edge Quantizer
 OTHER_CALIBRATION = {"onnxruntime": "percentile", "openvino": "mean_minmax", "litert": "mean_minmax"}
+# the engines whose converter takes a range per tensor (ONNX Runtime TensorQuantOverrides, AI Edge Quantizer's
+# statistics per tensor), and the other range choice a layer can get there; NNCF takes one range estimator per model
+RANGES = {"onnxruntime": "Percentile 99.99", "litert": "mean of per-sample min/max"}
 
 
 def _calibration_cache(engine: str, work: Path, calibration: str) -> dict:

@@ -238,7 +238,9 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
         return fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
     kept = rec.get("kept_float") or []
+    ranged = rec.get("layer_ranges") or []
     lines = [f"    recovery: {rec.get('status')} ({rec.get('mechanism', '')}), {len(kept)} layer(s) kept in float, "
+             + (f"{len(ranged)} in INT8 with the other range choice, " if ranged else "") +
              f"{rec.get('metric') or 'metric'} {num('metric_before')} -> {num('metric_after')} "
              f"(drop {num('drop_before')} -> {num('drop_after')}), INT8 MACs {num('int8_mac_share_before', '{:.1%}')}"
              f" -> {num('int8_mac_share', '{:.1%}')}, p50 {num('latency_ms_before', '{:.3g}')} -> "
@@ -248,12 +250,19 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
         lines.append(f"      {rec['note']}")
     for layer in kept[:shown]:
         if isinstance(layer, dict):
-            macs = layer.get("macs") or 0
-            size = f"{macs / 1e6:.2f} MMAC" if macs >= 1e5 else f"{macs} MACs"
-            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {size}): {layer.get('reason', '')}")
+            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {_macs(layer.get('macs') or 0)}): "
+                         f"{layer.get('reason', '')}")
     if len(kept) > shown:
         lines.append(f"      ... and {len(kept) - shown} more (edgesdk inspect --json)")
+    for layer in ranged[:shown]:
+        if isinstance(layer, dict):
+            lines.append(f"      INT8, {layer.get('ranges', 'other')} ranges: {layer.get('layer')} ({layer.get('op')}, "
+                         f"{_macs(layer.get('macs') or 0)}): {layer.get('reason', '')}")
     return lines
+
+
+def _macs(macs: int) -> str:
+    return f"{macs / 1e6:.2f} MMAC" if macs >= 1e5 else f"{macs} MACs"
 
 
 def build_report(manifest: dict[str, Any]) -> list[str]:

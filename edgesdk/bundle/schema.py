@@ -88,17 +88,20 @@ TENSOR = Obj(required={"name": Str(plain=True), "shape": ListOf(Int(-1, "an inte
 # What accuracy recovery did to an INT8 artifact (quantize --recover): the layers kept in float and why, the gate's
 # metric and the artifact's latency before and after, the share of multiply-accumulates still in INT8, each trial.
 _NUM = Nullable(Num())
+_LAYER = Obj(required={"layer": Str()}, optional={
+    "engine_node": Str(), "op": Str(), "macs": Int(0, "a non-negative integer"), "reason": Str(), "ranges": Str()})
 RECOVERY = Obj(
     required={"status": OneOf("recovered", "not_needed", "failed", "out_of_time")},
     optional={"mechanism": Str(), "ranking": Str(), "note": Str(), "metric": Nullable(Str()), "calibration": Str(),
-              "kept_float": ListOf(Obj(required={"layer": Str()}, optional={
-                  "engine_node": Str(), "op": Str(), "macs": Int(0, "a non-negative integer"), "reason": Str()})),
+              "kept_float": ListOf(_LAYER),
+              "layer_ranges": ListOf(_LAYER),  # back in INT8 with the other range choice on the tensors they read
               "layers_ranked": Int(0, "a non-negative integer"), "macs": Int(0, "a non-negative integer"),
               "int8_mac_share_before": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
               "int8_mac_share": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
               **{k: _NUM for k in ("metric_before", "metric_after", "drop_before", "drop_after", "latency_ms_before",
                                    "latency_ms_after", "seconds")},
-              "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"), "passed": Bool(),
+              "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"),
+                                             "layer_ranges": Int(0, "a non-negative integer"), "passed": Bool(),
                                              "calibration": Str(), "step": Str(),
                                              "metric_value": _NUM, "drop": _NUM, "seconds": _NUM}))},
 )

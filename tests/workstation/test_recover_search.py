@@ -20,15 +20,19 @@ def row(name: str, macs: int, added_db: float = 30.0) -> LayerError:
 
 class Gate:
     """Noise per layer name; a set kept in float passes when the noise of the layers still in INT8 is under
-    ``budget``. Records every trial as (step, names kept in float)."""
+    ``budget``. A layer in INT8 with the other range choice on its tensors adds its ``ranged`` noise instead (its own
+    noise when not given). Records every trial as (step, names kept in float), and the names given the other range
+    choice in ``ranged_trials``."""
 
-    def __init__(self, noise: dict[str, float], budget: float, p50=lambda kept: None):
+    def __init__(self, noise: dict[str, float], budget: float, p50=lambda kept: None, ranged: dict | None = None):
         self.noise, self.budget, self.trials, self.p50 = noise, budget, [], p50
+        self.ranged, self.ranged_trials = ranged or {}, []
 
-    def __call__(self, rows, how=None, step="search", what=""):
-        kept = {r.name for r in rows}
+    def __call__(self, rows, how=None, step="search", what="", ranged=()):
+        kept, other = {r.name for r in rows}, {r.name for r in ranged}
         self.trials.append((step, frozenset(kept)))
-        total = sum(v for k, v in self.noise.items() if k not in kept)
+        self.ranged_trials.append(frozenset(other))
+        total = sum(self.ranged.get(k, v) if k in other else v for k, v in self.noise.items() if k not in kept)
         return {"passed": total < self.budget, "cosine_similarity": 1.0 - total, "metric": "accuracy",
                 "metric_value": 1.0 - total, "drop": 100 * total, "max_drop": 100 * self.budget,
                 "latency_ms": self.p50(kept)}
@@ -53,7 +57,7 @@ def test_cheap_harmful_layers_are_kept_not_the_big_ones_added_error_ranks_first(
     # early layers break it, the big ones barely move the outputs
     ranked = [row("add", 0), row("big1", 1000), row("big2", 1000), row("small1", 10), row("small2", 10)]
     gate = Gate({"add": 0.03, "big1": 0.001, "big2": 0.001, "small1": 0.02, "small2": 0.02}, budget=0.01)
-    kept = _search(ranked, gate, never)
+    kept, _ = _search(ranked, gate, never)
     assert {r.name for r in kept} == {"add", "small1", "small2"}
     measured = [next(iter(set(n for n in ("big1", "big2", "small1", "small2")) - kept_)) for step, kept_ in
                 gate.trials if step == "sensitivity"]
@@ -65,7 +69,7 @@ def test_layers_measured_harmless_go_after_the_unmeasured_ones():
     gate = Gate({"a": 0.5, "c0": 0.0, "c1": 0.0, "c2": 0.3, "c3": 0.3}, budget=0.1)
     clock = iter(range(1000))
     measured_two = lambda share=1.0: share == 0.4 and next(clock) >= 2  # noqa: E731  (two measurements, then out)
-    kept = _search(ranked, gate, measured_two)
+    kept, _ = _search(ranked, gate, measured_two)
     assert {r.name for r in kept} == {"a", "c2", "c3"}
     first_search = next(kept_ for step, kept_ in gate.trials if step == "search" and kept_ != {"a"})
     assert first_search == {"a", "c2"}  # not a harmless c0 or c1: the unmeasured c2 comes before them
@@ -75,8 +79,8 @@ def test_a_passing_measurement_is_a_result_when_time_runs_out():
     ranked = [row("a", 0), row("c0", 10), row("c1", 20)]
     gate = Gate({"a": 0.5, "c0": 0.05, "c1": 0.5}, budget=0.1)
     after_measuring = lambda share=1.0: share > 0.4 and sum(s == "sensitivity" for s, _ in gate.trials) == 2  # noqa
-    kept = _search(ranked, gate, after_measuring)
-    assert kept is not None and {r.name for r in kept} == {"a", "c1"}  # c0 alone in INT8 passed
+    found = _search(ranked, gate, after_measuring)
+    assert found is not None and {r.name for r in found[0]} == {"a", "c1"}  # c0 alone in INT8 passed
     assert all(step in ("search", "sensitivity") for step, _ in gate.trials)
 
 
@@ -93,7 +97,7 @@ def test_among_sets_with_the_same_mac_share_the_fastest_is_kept_not_the_fewest_l
     # LiteRT runs its INT8 elementwise ops slower than float ones: each free layer kept in float makes it faster
     ranked = [row("a", 0), row("b", 0), row("c", 1000)]
     gate = Gate({"a": 0.5, "b": 0.0, "c": 0.0}, budget=0.1, p50=lambda kept: 10.0 - 2.5 * len(kept & {"a", "b"}))
-    kept = _search(ranked, gate, never)
+    kept, _ = _search(ranked, gate, never)
     assert [s for s, k in gate.trials] == ["search", "search"] and gate.trials[1][1] == {"a"}  # {a} passed too
     assert {r.name for r in kept} == {"a", "b"}
 
@@ -101,5 +105,29 @@ def test_among_sets_with_the_same_mac_share_the_fastest_is_kept_not_the_fewest_l
 def test_a_set_with_fewer_macs_in_float_wins_over_a_faster_one():
     ranked = [row("a", 0), row("c", 10), row("d", 1000)]
     gate = Gate({"a": 0.5, "c": 0.5, "d": 0.05}, budget=0.1, p50=lambda kept: 1.0 if "d" in kept else 9.0)
-    kept = _search(ranked, gate, never)
+    kept, _ = _search(ranked, gate, never)
     assert {r.name for r in kept} == {"a", "c"}
+
+
+def test_a_layer_failing_with_the_artifacts_ranges_comes_back_to_int8_with_the_other_choice():
+    # as the recognizer's first depthwise convolutions on LiteRT: each breaks the model with running min/max and
+    # passes with the mean of per-sample min/max on the tensors it reads; "c" is no better with it
+    ranked = [row("a", 0), row("c", 10), row("d", 20)]
+    noise = {"a": 0.5, "c": 0.3, "d": 0.3}
+    gate = Gate(noise, budget=0.1, ranged={"d": 0.01, "c": 0.3})
+    kept, ranged = _search(ranked, gate, never, ranges=True)
+    assert {r.name for r in kept} == {"a", "c"} and [r.name for r in ranged] == ["d"]
+    assert ("ranges", frozenset({"a", "c"})) in gate.trials
+    # without a per-layer range choice (OpenVINO) none is asked for, and both stay in float
+    plain = Gate(noise, budget=0.1, ranged={"d": 0.01})
+    kept, ranged = _search(ranked, plain, never)
+    assert {r.name for r in kept} == {"a", "c", "d"} and ranged == []
+    assert not any(plain.ranged_trials) and all(step != "ranges" for step, _ in plain.trials)
+
+
+def test_the_other_range_choice_is_tried_only_after_the_layer_failed_with_the_artifacts_own():
+    ranked = [row("a", 0), row("c", 10), row("d", 20)]
+    gate = Gate({"a": 0.5, "c": 0.3, "d": 0.0}, budget=0.1, ranged={"d": 0.0})
+    kept, ranged = _search(ranked, gate, never, ranges=True)
+    assert {r.name for r in kept} == {"a", "c"} and ranged == []  # d passes as it is: no other range needed
+    assert {"c"} in gate.ranged_trials and all(other <= {"c"} for other in gate.ranged_trials)  # c failed: tried

@@ -36,5 +36,11 @@ def kept_text(keep_float, how: str) -> str:
     return f"; {count} kept in float ({how})" if keep_float else ""
 
 
+def ranges_text(layers, how: str) -> str:
+    """What an INT8 artifact's method says of the layers recovery gave the other range choice (``how``)."""
+    count = f"{len(layers)} layer{'s' if len(layers) > 1 else ''}"
+    return f"; {count} reading with {how} ranges" if layers else ""
+
+
 def builder(target: str):
     return importlib.import_module(f"{__name__}.{target}").build

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from edgesdk.errors import ConversionError
 
-from . import Built, kept_text
+from . import Built, kept_text, ranges_text
 
 # The quantize_static settings of the INT8 artifact. ``reduce_range`` (7-bit weights) keeps ONNX Runtime's U8S8
 # kernels exact on every CPU: x86 without VNNI (AVX2, AVX-512F) multiplies through VPMADDUBSW, which adds two
@@ -38,16 +39,21 @@ CALIBRATION_TEXT = {"minmax": "MinMax calibration", "percentile": f"Percentile {
 
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
           keep_float: tuple[str, ...] = (), float_model: Path | None = None,
-          calibration_cache: Path | None = None, calibration: str = "minmax") -> list[Built]:
+          calibration_cache: Path | None = None, calibration: str = "minmax", layer_ranges: tuple[str, ...] = (),
+          layer_calibration: str = "percentile", layer_calibration_cache: Path | None = None) -> list[Built]:
     """``keep_float``: node names of the float model (as the INT8 model keeps them) left unquantized
     (``nodes_to_exclude``: no Q/DQ pair on their inputs and outputs); ``float_model``: the float ONNX built before
     (recovery re-quantizes it without converting again); ``calibration_cache``: a JSON file of tensor ranges that
     quantize_static writes on the first call and reads on the next ones (recovery's trials calibrate once);
     ``calibration``: ``minmax`` (the default) or ``percentile`` (each activation's range at its 99.99th percentile of
-    |value|, which recovery tries: on the PP-OCRv4 recognizer it reads 99 lines of 100 where MinMax reads 68)."""
-    if calibration not in CALIBRATIONS:
-        raise ConversionError(f"onnx target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
-                              f"{calibration!r}")
+    |value|, which recovery tries: on the PP-OCRv4 recognizer it reads 99 lines of 100 where MinMax reads 68);
+    ``layer_ranges``: nodes (named as in ``keep_float``) whose input activations take their ranges from
+    ``layer_calibration`` instead (``TensorQuantOverrides``: recovery's per-layer range choice), read from
+    ``layer_calibration_cache`` (a cache as ``calibration_cache``; calibrated here when it does not exist yet)."""
+    for choice in (calibration, layer_calibration):
+        if choice not in CALIBRATIONS:
+            raise ConversionError(f"onnx target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
+                                  f"{choice!r}")
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -73,17 +79,23 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         prepared.unlink(missing_ok=True)
         prepared = fp32
     int8 = out_dir / "model_int8.onnx"
+    extra = {"CalibPercentile": PERCENTILE} if calibration == "percentile" else {}
     options = dict(OPTIONS)  # read at call time: a test may build the saturating variant on purpose
     try:
+        if layer_ranges:
+            other = _ranges(source, samples, fp32, layer_calibration, layer_calibration_cache)
+            extra["TensorQuantOverrides"] = range_overrides(prepared, layer_ranges, other)
         quantize_static(
             str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=options["per_channel"],
             reduce_range=options["reduce_range"], activation_type=getattr(QuantType, options["activation_type"]),
             weight_type=getattr(QuantType, options["weight_type"]),
             calibrate_method=CalibrationMethod.Percentile if calibration == "percentile" else CalibrationMethod.MinMax,
-            extra_options={"CalibPercentile": PERCENTILE} if calibration == "percentile" else None,
+            extra_options=extra or None,
             nodes_to_exclude=list(keep_float) or None,
             **({"calibration_cache_path": str(calibration_cache)} if calibration_cache is not None else {}),
         )
+    except ConversionError:  # a layer_ranges name no node has: said as it is
+        raise
     except Exception as exc:
         raise ConversionError(f"onnxruntime quantize_static failed on {source.name}: {exc}") from exc
     finally:
@@ -93,8 +105,42 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         Built("onnxruntime-fp32", "onnxruntime", "fp32", [fp32], "float reference"),
         Built("onnxruntime-int8", "onnxruntime", "int8", [int8],
               method(options).replace("MinMax calibration", CALIBRATION_TEXT[calibration]) + _upgrade_text(source)
-              + kept_text(keep_float, "nodes_to_exclude")),
+              + kept_text(keep_float, "nodes_to_exclude")
+              + ranges_text(layer_ranges, CALIBRATION_TEXT[layer_calibration].replace(" calibration", ""))),
     ]
+
+
+def _ranges(source, samples, fp32: Path, calibration: str, cache: Path | None):
+    """Every activation's range under ``calibration`` (``TensorsData``), from ``cache`` or calibrated now (and kept
+    in ``cache`` when one is named)."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    with tempfile.TemporaryDirectory(prefix="edgesdk-ort-ranges-") as scratch:
+        path = Path(cache) if cache is not None else Path(scratch) / "ranges.json"
+        if not path.is_file():
+            build(source, samples, Path(scratch), float_model=fp32, calibration_cache=path, calibration=calibration)
+        return load_tensors_data(path)
+
+
+def range_overrides(model_path: Path, nodes: tuple[str, ...], ranges) -> dict:
+    """``TensorQuantOverrides`` giving every activation the named nodes read its range from ``ranges`` (weights and
+    biases keep theirs; a node's output is its consumers' input, and the model's outputs keep their own ranges). A
+    name no node has is refused: the artifact would silently differ from what was asked."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    constants = {i.name for i in model.graph.initializer}
+    wanted, found, tensors = set(nodes), set(), []
+    for node in model.graph.node:
+        if node.name in wanted:
+            found.add(node.name)
+            tensors += [t for t in node.input if t and t not in constants]
+    missing = sorted(wanted - found)
+    if missing:
+        raise ConversionError(f"onnx target: layer_ranges names no node: {', '.join(missing[:5])}"
+                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+    return {t: [{"rmin": ranges.data[t].range_value[0], "rmax": ranges.data[t].range_value[1]}]
+            for t in dict.fromkeys(tensors) if t in ranges.data}
 
 
 def _upgrade_text(source) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from edgesdk.errors import ConversionError
 
 from ..tflite_model import add_signature, prepare_for_quantizer
-from . import Built, kept_text
+from . import Built, kept_text, ranges_text
 
 # XNNPACK's int8 kernels widen to 32-bit before they add: the same artifact gives identical logits on an AVX2 CPU
 # without VNNI (qemu Haswell) and on VNNI/AMX (benchmarks/int8_isa.py), so no weight-range trick is needed here.
@@ -48,6 +48,28 @@ def mean_min_max(qsv: dict, new: dict) -> dict:
     return {"min": (qsv["min"] * n + new["min"]) / (n + 1), "max": (qsv["max"] * n + new["max"]) / (n + 1), "n": n + 1}
 
 
+def _ops_named(model: str | Path, names: tuple[str, ...], what: str):
+    """Each op (with its graph) with an output tensor named in ``names``. A repeated name (the layer probe's
+    ``"name #index"``) stands for every op that outputs a tensor of that name; a name no op outputs is refused: the
+    artifact would silently differ from what was asked (``what``: the option, for the error)."""
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
+
+    from ..layers.litert import tensor_name
+
+    wanted = {tensor_name(name) or name for name in names}
+    found = set()
+    for graph in tfl.read_model(str(model)).subgraphs:
+        for op in graph.operators:
+            outputs = {tfl.get_tensor_name(graph.tensors[i]) for i in op.outputs if i != -1}
+            if outputs & wanted:
+                found |= outputs & wanted
+                yield graph, op
+    missing = sorted(wanted - found)
+    if missing:
+        raise ConversionError(f"tflite target: {what} names no op's output tensor: {', '.join(missing[:5])}"
+                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+
+
 def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
     """One ``no_quantize`` recipe entry per op with an output tensor named in ``keep_float``, matching that op's
     whole scope and nothing else.
@@ -55,46 +77,46 @@ def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
     AI Edge Quantizer matches a recipe's regex (``re.search``) against an op's scope: its output tensor names joined
     by ``;``, with a ``;`` after the last. Tensor names carry ``;`` themselves (litert-torch names a fused op
     ``W;;W;;W;65``), so a pattern built from one name alone also matches other ops' scopes that end in it (``W;;W;65``
-    inside ``W;;W;;W;65``): on the PP-OCRv4 recognizer, keeping 36 ops in float kept dozens more. A name no op
-    outputs is refused: the artifact would silently differ from what was asked."""
+    inside ``W;;W;;W;65``): on the PP-OCRv4 recognizer, keeping 36 ops in float kept dozens more."""
     if not keep_float:
         return []
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
 
-    from ..layers.litert import tensor_name
-
-    # a repeated name (the layer probe's "name #index") keeps every op that outputs a tensor of that name in float;
-    # a tensor without a name cannot be matched, and is refused below
-    wanted = {tensor_name(name) or name for name in keep_float}
-    scopes, found = [], set()
-    for graph in tfl.read_model(str(model)).subgraphs:
-        for op in graph.operators:
-            names = {tfl.get_tensor_name(graph.tensors[i]) for i in op.outputs if i != -1}
-            if names & wanted:
-                found |= names & wanted
-                scopes.append(tfl.get_op_scope(op, graph.tensors))
-    missing = sorted(wanted - found)
-    if missing:
-        raise ConversionError(f"tflite target: keep_float names no op's output tensor: {', '.join(missing[:5])}"
-                              + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+    scopes = [tfl.get_op_scope(op, graph.tensors) for graph, op in _ops_named(model, keep_float, "keep_float")]
     return [{"regex": f"^{re.escape(scope)}$", "operation": "*", "algorithm_key": "no_quantize"}
             for scope in dict.fromkeys(scopes)]
 
 
+def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
+    """The names of the tensors the ops named in ``layers`` (by an output tensor name, as ``keep_float``) read: the
+    tensors whose ranges ``layer_ranges`` replaces (an op's output is its consumers' input, and the model's output
+    keeps its own range)."""
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
+
+    names = [tfl.get_tensor_name(graph.tensors[i]) for graph, op in _ops_named(model, layers, "layer_ranges")
+             for i in op.inputs if i != -1]
+    return list(dict.fromkeys(names))
+
+
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
           io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None,
-          statistics: dict | None = None, calibration: str = "minmax") -> list[Built]:
+          statistics: dict | None = None, calibration: str = "minmax", layer_ranges: tuple[str, ...] = (),
+          layer_calibration: str = "mean_minmax") -> list[Built]:
     """``io="float"``: float32 input/output tensors, int8 inside (the fast default on CPUs, GPUs and
     most NPU delegates); ``io="int8"``: integer-only, int8 input/output too (Coral Edge TPU,
     microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself. ``keep_float``: output tensor
     names of ops AI Edge Quantizer leaves in float (a ``no_quantize`` recipe entry each, matched on the op's scope:
     its output tensor names); ``float_model``: the float .tflite built before (recovery re-quantizes it without
     converting again); ``statistics``: a dict the calibration statistics are kept in on the first call and read
-    from on the next ones (recovery's trials calibrate once); ``calibration``: ``minmax`` (running min/max, the
-    default) or ``mean_minmax`` (the mean of each sample's min and max, which recovery tries)."""
-    if calibration not in CALIBRATIONS:
-        raise ConversionError(f"tflite target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
-                              f"{calibration!r}")
+    from on the next ones, per range choice (recovery's trials calibrate once); ``calibration``: ``minmax`` (running
+    min/max, the default) or ``mean_minmax`` (the mean of each sample's min and max, which recovery tries);
+    ``layer_ranges``: ops (named as in ``keep_float``) whose input tensors take their ranges from
+    ``layer_calibration`` instead (recovery's per-layer range choice: a layer that breaks the model with one range
+    choice can pass with the other)."""
+    for choice in (calibration, layer_calibration):
+        if choice not in CALIBRATIONS:
+            raise ConversionError(f"tflite target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
+                                  f"{choice!r}")
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import calibrator, quantizer, recipe, recipe_manager
 
@@ -117,19 +139,25 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         prepared = prepare_for_quantizer(fp32, Path(scratch) / "quantizer_input.tflite")
         float_input = str(Path(scratch) / "quantizer_input.tflite") if prepared else str(fp32)
         chosen = calibrated + kept_scopes(float_input, keep_float)
+        swapped = layer_tensors(float_input, layer_ranges) if layer_ranges else []
         try:
-            if statistics is not None and "qsvs" in statistics:
-                qsvs = statistics["qsvs"]
-            else:
-                recipes = recipe_manager.RecipeManager()
-                recipes.load_quantization_recipe(calibrated)
-                calib_run = calibrator.Calibrator(
-                    float_input, num_threads=os.cpu_count() or 1,
-                    qsv_update_func=running_min_max if calibration == "minmax" else mean_min_max)
-                calib_run.calibrate(calib, recipes)
-                qsvs = calib_run.get_model_qsvs()
-                if statistics is not None:
-                    statistics["qsvs"] = qsvs
+            statistics = {} if statistics is None else statistics
+
+            def ranges(choice: str) -> dict:
+                if choice not in statistics:
+                    recipes = recipe_manager.RecipeManager()
+                    recipes.load_quantization_recipe(calibrated)
+                    calib_run = calibrator.Calibrator(
+                        float_input, num_threads=os.cpu_count() or 1,
+                        qsv_update_func=running_min_max if choice == "minmax" else mean_min_max)
+                    calib_run.calibrate(calib, recipes)
+                    statistics[choice] = calib_run.get_model_qsvs()
+                return statistics[choice]
+
+            qsvs = ranges(calibration)
+            if swapped:
+                other = ranges(layer_calibration)
+                qsvs = {**qsvs, **{t: other[t] for t in swapped if t in other}}
             qt = quantizer.Quantizer(float_input, chosen)
             qt.quantize(qsvs).export_model(str(int8), overwrite=True)
         except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
@@ -140,5 +168,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         Built("litert-int8", "litert", "int8", [int8],
               (METHOD if calibration == "minmax" else METHOD.replace("running min/max", "mean of per-sample min/max"))
               + f", {io} input/output tensors{notes}"
-              + kept_text(keep_float, "AI Edge Quantizer no_quantize")),
+              + kept_text(keep_float, "AI Edge Quantizer no_quantize")
+              + ranges_text(layer_ranges, "mean of per-sample min/max" if layer_calibration == "mean_minmax"
+                            else "running min/max")),
     ]
