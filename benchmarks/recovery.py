@@ -7,8 +7,9 @@
 2. **The PP-OCRv4 recognizer** (rapidocr-onnxruntime 1.4.4, 48x320, tests/zoo.py): 32 readable calibration lines,
    100 validation lines with their text (tests.zoo.text_lines), ``--max-drop 3`` (lines of 100), recovery on its
    default (auto). Per engine: lines read right by float, by INT8 as quantized and after recovery, the layers kept in
-   float, the share of MACs still in INT8, p50 latency against float; and, since the search chose the layers on those
-   100 lines, the lines read right of 100 others it never saw (seed 2), by INT8 and by float.
+   float and those back in INT8 with the other range choice on their inputs, the share of MACs still in INT8, p50
+   latency against float; and, since the search chose the layers on those 100 lines, the lines read right of 100
+   others it never saw (seed 2), by INT8 and by float.
 
 Every number names the CPU class it was measured on.
 """
@@ -87,7 +88,7 @@ def nothing_to_recover(name: str, build, tmp: Path) -> list[str]:
     return lines
 
 
-def recognizer(tmp: Path, max_drop: float) -> tuple[list[str], float]:
+def recognizer(tmp: Path, max_drop: float, keep: Path | None = None) -> tuple[list[str], float]:
     import zoo
     from edgesdk.errors import ValidationFailed
     from edgesdk_converters.quantize import quantize
@@ -106,6 +107,10 @@ def recognizer(tmp: Path, max_drop: float) -> tuple[list[str], float]:
     except ValidationFailed as exc:
         print(f"[ppocr_rec] {exc.args[0].splitlines()[0]}", file=sys.stderr)
     seconds = time.perf_counter() - t0
+    if keep is not None:
+        import shutil
+
+        shutil.copytree(out, keep, dirs_exist_ok=True)
     manifest = json.loads((out / "manifest.json").read_text())
     unseen = held_out(out, tmp)
     validation = manifest["validation"]
@@ -118,12 +123,13 @@ def recognizer(tmp: Path, max_drop: float) -> tuple[list[str], float]:
         before = rec.get("metric_before", v.get("metric_value"))
         kept = rec.get("kept_float") or []
         names = ", ".join(k["layer"] for k in kept[:6]) + (f" (+{len(kept) - 6})" if len(kept) > 6 else "")
+        ranged = ", ".join(r["layer"] for r in rec.get("layer_ranges") or []) or "-"
         lines.append(f"| {art['id']} | {_lines(ref)} | {_lines(before)} | {_lines(v.get('metric_value'))} | "
                      f"{'yes' if v.get('passed') else 'NO'} | {rec.get('status', '-')} | {len(kept)} | "
                      f"{_share(rec.get('int8_mac_share', rec.get('int8_mac_share_before')))} | "
                      f"{_ms(rec.get('latency_ms_before'))} -> {_ms(v.get('latency_ms'))} (float "
                      f"{_ms(v.get('reference_latency_ms'))}) | {rec.get('seconds', '-')} | "
-                     f"{unseen.get(art['id'], '-')} | {names} |")
+                     f"{unseen.get(art['id'], '-')} | {ranged} | {names} |")
     return lines, seconds
 
 
@@ -176,6 +182,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("all", "noop", "recognizer"), default="all")
     parser.add_argument("--max-drop", type=float, default=3.0, help="the recognizer's gate, lines of 100")
+    parser.add_argument("--keep", type=Path, help="copy the recognizer's bundle here (to inspect it after)")
     args = parser.parse_args()
     cpu = describe(cpu_class())
     with tempfile.TemporaryDirectory(prefix="recovery.") as tmp:
@@ -214,13 +221,13 @@ def main() -> int:
             print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             print("\n".join(rows), flush=True)
         if args.part in ("all", "recognizer"):
-            rows, seconds = recognizer(tmp, args.max_drop)
+            rows, seconds = recognizer(tmp, args.max_drop, args.keep)
             print(f"\nPP-OCRv4 recognizer (48x320), on {cpu}: 32 calibration + 100 validation lines, --max-drop "
                   f"{args.max_drop:g} lines, recovery auto; quantize took {seconds:.0f} s")
             print("| artifact | float lines | INT8 lines | after recovery | passed | recovery | layers kept | "
                   "INT8 MACs | p50 ms before -> after (float) | recovery s | unseen lines INT8 / float | "
-                  "kept (first 6) |")
-            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                  "INT8 with the other ranges | kept (first 6) |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
             print("\n".join(rows), flush=True)
     return 0
 
