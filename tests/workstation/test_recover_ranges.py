@@ -21,6 +21,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edgesdk_converters.layers.compare import LayerError
+# private: _check_kept reads the share from the artifact after the search; a real record never disagrees with its
+# artifact, so its note has no public door
+from edgesdk_converters.recover import Recovery, _check_kept
+from edgesdk_converters.targets import Built
 from onnx_graphs import save_graph
 from support import quantize
 
@@ -118,3 +123,23 @@ def test_inspect_shows_the_layer_with_the_other_ranges(bundle):
     assert len(ranged) == 2, proc.stdout
     assert any(line.startswith(f"INT8, {RANGES['onnxruntime-int8']} ranges: head (MatMul, ") for line in ranged)
     assert any(line.startswith(f"INT8, {RANGES['litert-int8']} ranges: head (FULLY_CONNECTED, ") for line in ranged)
+
+
+@pytest.mark.parametrize("aid", INT8)
+def test_the_share_is_read_from_the_artifact_and_a_mismatch_is_noted(bundle, aid):
+    out, manifest, calib = bundle
+    art = artifact(manifest, aid)
+    shipped = Built(aid, art["engine"], "int8", [out / art["files"][0]["path"]], runtime=art.get("runtime") or {})
+    sample = [calib[:1]]
+    embed = LayerError(name="embed", op="MatMul", node="embed", position=0, macs=MACS["embed"], quantized=True)
+    total = sum(MACS.values())
+    # as recovery asked it: "embed" in float, the rest INT8: the artifact agrees, no note
+    honest = Recovery("recovered", kept=[embed], macs=total, int8_macs_before=total)
+    _check_kept(shipped, honest, sample)
+    assert honest.int8_macs_after / honest.macs_after == pytest.approx(MACS["head"] / total)
+    assert honest.note == ""
+    # a record that says nothing was kept in float: the artifact itself says otherwise, and the note says so
+    wrong = Recovery("recovered", kept=[], macs=total, int8_macs_before=total)
+    _check_kept(shipped, wrong, sample)
+    assert "keeps 20.0% of its MACs in INT8 where the layers asked for leave 100.0%" in wrong.note, wrong.note
+    assert wrong.as_dict()["int8_mac_share"] == pytest.approx(0.2)
