@@ -9,8 +9,8 @@ Tensors an int8 kernel makes share parameters (the input and output of MAX_POOL_
 Runtime's MaxPool and Reshape reuse their input's scale initializer) count as one. The float models are converted once
 for the module (seconds); each INT8 build takes well under a second.
 
-The two ``xfail(strict=True)`` tests pin what the builders do not do yet (see their reasons); they fail as soon as
-the builders do it, and the marks go then.
+A layer reading the output of an op the quantizer gives its input's parameters (a pool, a reshape) gets the other
+ranges up that chain: its producer's output changes with it, and the check allows that.
 """
 
 from __future__ import annotations
@@ -140,11 +140,6 @@ def test_tflite_layer_reads_with_the_other_ranges(tflite_builds):
     _check_tflite_layer(b["base"].files[0], b["whole"].files[0], b["layer"].files[0], b["convs"][0])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the second CONV_2D reads the output of a MAX_POOL_2D, whose int8 kernel needs its input's parameters: AI Edge "
-    "Quantizer derives that tensor's parameters from the pool's input, so the mean_minmax statistics layer_ranges "
-    "puts on it are dropped and the artifact is the default one (so for the DEPTHWISE_CONV_2D reading a RESHAPE and "
-    "the first FULLY_CONNECTED reading one)"))
 def test_tflite_layer_reading_a_max_pool_reads_with_the_other_ranges(tflite_builds, source, samples):
     b = tflite_builds
     out = b["out"] / "second-conv"
@@ -252,10 +247,6 @@ def test_onnx_layer_reads_with_percentile_ranges(onnx_builds):
     _check_qdq_layer(b["base"].files[0], b["whole"].files[0], b["layer"].files[0], CONV)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the third Conv reads max_pool2d, whose Q/DQ pair ONNX Runtime gives the MaxPool's input scale (relu_1_scale): "
-    "the TensorQuantOverrides entry range_overrides makes for max_pool2d is dropped and the artifact is the MinMax one "
-    "(so for the first Gemm reading the Reshape's output)"))
 def test_onnx_layer_reading_a_max_pool_reads_with_percentile_ranges(onnx_builds, source, samples):
     b = onnx_builds
     out = b["out"] / "after-pool"

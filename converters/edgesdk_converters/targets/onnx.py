@@ -83,6 +83,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     options = dict(OPTIONS)  # read at call time: a test may build the saturating variant on purpose
     try:
         if layer_ranges:
+            layer_inputs(prepared, layer_ranges)  # an unknown name is refused before any calibration
             other = _ranges(source, samples, fp32, layer_calibration, layer_calibration_cache)
             extra["TensorQuantOverrides"] = range_overrides(prepared, layer_ranges, other)
         quantize_static(
@@ -122,25 +123,53 @@ def _ranges(source, samples, fp32: Path, calibration: str, cache: Path | None):
         return load_tensors_data(path)
 
 
-def range_overrides(model_path: Path, nodes: tuple[str, ...], ranges) -> dict:
-    """``TensorQuantOverrides`` giving every activation the named nodes read its range from ``ranges`` (weights and
-    biases keep theirs; a node's output is its consumers' input, and the model's outputs keep their own ranges). A
-    name no node has is refused: the artifact would silently differ from what was asked."""
+def layer_inputs(model_path: Path, nodes: tuple[str, ...]) -> list[str]:
+    """The activations the named nodes read: the tensors whose ranges ``layer_ranges`` replaces (weights and biases
+    keep theirs; a node's output is its consumers' input, and the model's outputs keep their own ranges). An
+    activation written by an op ONNX Runtime gives its input's parameters (a pool, reshape, transpose, slice...:
+    :func:`_same_as_input`) brings that op's input along, up the chain: its own override would be ignored. A name no
+    node has is refused: the artifact would silently differ from what was asked."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
     constants = {i.name for i in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output if out}
+    same = _same_as_input()
     wanted, found, tensors = set(nodes), set(), []
     for node in model.graph.node:
-        if node.name in wanted:
-            found.add(node.name)
-            tensors += [t for t in node.input if t and t not in constants]
+        if node.name not in wanted:
+            continue
+        found.add(node.name)
+        for tensor in node.input:
+            while tensor and tensor not in constants and tensor not in tensors:
+                tensors.append(tensor)
+                up = producer.get(tensor)
+                if up is None or up.op_type not in same or not up.input:
+                    break
+                tensor = up.input[0]
     missing = sorted(wanted - found)
     if missing:
         raise ConversionError(f"onnx target: layer_ranges names no node: {', '.join(missing[:5])}"
                               + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""))
+    return tensors
+
+
+def range_overrides(model_path: Path, nodes: tuple[str, ...], ranges) -> dict:
+    """``TensorQuantOverrides`` giving every activation the named nodes read (:func:`layer_inputs`) its range from
+    ``ranges`` (``TensorsData``)."""
     return {t: [{"rmin": ranges.data[t].range_value[0], "rmax": ranges.data[t].range_value[1]}]
-            for t in dict.fromkeys(tensors) if t in ranges.data}
+            for t in layer_inputs(model_path, nodes) if t in ranges.data}
+
+
+def _same_as_input() -> frozenset[str]:
+    """The op types whose output ONNX Runtime's QDQ quantizer gives its (first) input's parameters: those quantized
+    by ``QDQDirect8BitOp`` and its subclasses (reshape, transpose, pools, resize, slice...), and Pad, Split and
+    Gather, which share them too (``quantize_output_same_as_input``)."""
+    from onnxruntime.quantization.operators.direct_q8 import QDQDirect8BitOp
+    from onnxruntime.quantization.registry import QDQRegistry
+
+    shared = {op for op, quantizer in QDQRegistry.items() if issubclass(quantizer, QDQDirect8BitOp)}
+    return frozenset(shared | {"Pad", "Split", "Gather", "GatherElements"})
 
 
 def _upgrade_text(source) -> str:

@@ -48,17 +48,18 @@ def mean_min_max(qsv: dict, new: dict) -> dict:
     return {"min": (qsv["min"] * n + new["min"]) / (n + 1), "max": (qsv["max"] * n + new["max"]) / (n + 1), "n": n + 1}
 
 
-def _ops_named(model: str | Path, names: tuple[str, ...], what: str):
-    """Each op (with its graph) with an output tensor named in ``names``. A repeated name (the layer probe's
-    ``"name #index"``) stands for every op that outputs a tensor of that name; a name no op outputs is refused: the
-    artifact would silently differ from what was asked (``what``: the option, for the error)."""
+def _ops_named(model, names: tuple[str, ...], what: str):
+    """Each op (with its graph) of ``model`` (AI Edge Quantizer's flatbuffer object) with an output tensor named in
+    ``names``. A repeated name (the layer probe's ``"name #index"``) stands for every op that outputs a tensor of that
+    name; a name no op outputs is refused: the artifact would silently differ from what was asked (``what``: the
+    option, for the error)."""
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
 
     from ..layers.litert import tensor_name
 
     wanted = {tensor_name(name) or name for name in names}
     found = set()
-    for graph in tfl.read_model(str(model)).subgraphs:
+    for graph in model.subgraphs:
         for op in graph.operators:
             outputs = {tfl.get_tensor_name(graph.tensors[i]) for i in op.outputs if i != -1}
             if outputs & wanted:
@@ -82,7 +83,8 @@ def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
         return []
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
 
-    scopes = [tfl.get_op_scope(op, graph.tensors) for graph, op in _ops_named(model, keep_float, "keep_float")]
+    flat = tfl.read_model(str(model))
+    scopes = [tfl.get_op_scope(op, graph.tensors) for graph, op in _ops_named(flat, keep_float, "keep_float")]
     return [{"regex": f"^{re.escape(scope)}$", "operation": "*", "algorithm_key": "no_quantize"}
             for scope in dict.fromkeys(scopes)]
 
@@ -90,11 +92,28 @@ def kept_scopes(model: str | Path, keep_float: tuple[str, ...]) -> list[dict]:
 def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
     """The names of the tensors the ops named in ``layers`` (by an output tensor name, as ``keep_float``) read: the
     tensors whose ranges ``layer_ranges`` replaces (an op's output is its consumers' input, and the model's output
-    keeps its own range)."""
+    keeps its own range). A tensor written by an op AI Edge Quantizer gives its input's parameters (a pool, reshape,
+    transpose, pad...) brings that op's input along, up the chain: its own range would be ignored."""
+    from ai_edge_litert.tools.flatbuffer_utils import opcode_to_name
+    from ai_edge_quantizer.algorithms.utils.common_utils import OpQuantConstraint
+    from ai_edge_quantizer.utils import constrained_ops_utils
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils as tfl
 
-    names = [tfl.get_tensor_name(graph.tensors[i]) for graph, op in _ops_named(model, layers, "layer_ranges")
-             for i in op.inputs if i != -1]
+    same = {str(getattr(o, "value", o))
+            for o in constrained_ops_utils.get_constrained_op_list(OpQuantConstraint.SAME_AS_INPUT_SCALE)}
+    flat = tfl.read_model(str(model))
+    names = []
+    for graph, op in _ops_named(flat, layers, "layer_ranges"):
+        producer = {i: p for p in graph.operators for i in p.outputs if i != -1}
+        for i in op.inputs:
+            seen = set()
+            while i != -1 and i not in seen:
+                seen.add(i)
+                names.append(tfl.get_tensor_name(graph.tensors[i]))
+                up = producer.get(i)
+                if up is None or not len(up.inputs) or opcode_to_name(flat, up.opcodeIndex) not in same:
+                    break
+                i = up.inputs[0]
     return list(dict.fromkeys(names))
 
 
