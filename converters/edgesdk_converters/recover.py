@@ -11,7 +11,7 @@ error); then the multiplying ones, each measured alone in INT8 with every other 
 validation outputs), cheapest harm first. Prefixes of that order are tried (1, 2, 4... then bisected) until the
 artifact passes its gate, then the set is pruned: each multiplying layer kept goes back to INT8 when the artifact
 still passes, with its own ranges or, on ONNX Runtime and LiteRT, with the other range choice on the tensors that
-layer reads (the per-layer range choice; :func:`_search`). Every trial re-quantizes (the float model is
+layer reads (the per-layer range choice; :func:`~.recover_search.search`). Every trial re-quantizes (the float model is
 reused, not converted again) and validates the artifact against its float reference on the whole validation set,
 under a time cap. What was kept, why, and what it cost is recorded in the manifest's artifact entry (``recovery``),
 with the INT8 MAC share read from the recovered artifact itself.
@@ -33,6 +33,7 @@ from .layers import probe_for
 from .layers.compare import LayerError, worst
 from .layers.debug import SourceModel, layer_errors
 from .layers.litert import tensor_name
+from .recover_search import SEARCH_SHARE, search
 from .targets import Built, TARGET_ENGINES, builder
 from .toolchain_output import captured
 
@@ -131,8 +132,8 @@ def _kept(row: LayerError, rank: int, engine: str, harm: dict | None = None) -> 
 
 def _ranged(row: LayerError, engine: str, harm: dict | None = None) -> dict:
     """A layer the search kept in float and the per-layer range choice took back to INT8."""
-    reason = (f"kept in float by the search; back in INT8 with {RANGES[engine]} ranges on the tensors it reads "
-              f"(every other tensor keeps the artifact's) the artifact still passes")
+    reason = (f"kept in float by the search; back in INT8 with {RANGES[engine]} ranges on the tensors it reads (and "
+              f"those tied to them: a pool's or reshape's input), the rest with the artifact's, the artifact passes")
     if harm is not None:
         reason += (f"; alone in INT8 with the artifact's ranges it moved the outputs to cosine "
                    f"{_num(harm.get('cosine_similarity'))}, {harm.get('metric')} {_num(harm.get('metric_value'))}")
@@ -183,6 +184,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
     target = ENGINE_TARGETS[engine]
     caches: dict[str, dict] = {}
+    statistics: dict = {}  # AI Edge Quantizer's, per range choice: shared by every trial whatever its calibration
     results: dict[tuple, tuple[Built, dict]] = {}
     calibration = "minmax"
 
@@ -192,6 +194,8 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         return tensor_name(row.name) if engine == "litert" else row.node
 
     def cache(how: str) -> dict:
+        if engine == "litert":
+            return {"statistics": statistics}
         return caches.setdefault(how, _calibration_cache(engine, work, how))
 
     def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "",
@@ -212,8 +216,15 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
                                        calibration=how, **options, **cache(how), **per_layer)
             candidate = next(b for b in made if b.precision == "int8")
             judged = check([candidate, ref])
-        except Exception as exc:  # a converter refusing this split: recovery stops, the bundle keeps the original
-            raise _TrialFailed(f"{len(rows)} layer(s) in float: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            failed = f"{len(rows)} layer(s) in float: {type(exc).__name__}: {str(exc)[:300]}"
+            if step not in ("prune", "ranges"):  # a converter refusing this split: recovery stops, the bundle keeps
+                raise _TrialFailed(failed) from exc  # the original
+            # pruning a set that already passed: this one trial failed, the sets found stand
+            rec.trials.append(Trial(len(key[1]), False, None, None, time.perf_counter() - t0, how, step, len(key[2])))
+            say(f"[{int8.id}] recovery ({step}): a trial could not be built, counted as failing: {failed}")
+            results[key] = (None, {"passed": False})
+            return results[key][1]
         results[key] = (candidate, judged)
         kept_macs = sum(r.macs for r in rows)
         rec.trials.append(Trial(len(key[1]), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
@@ -237,7 +248,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         if not out_of_time(SEARCH_SHARE) and attempt([], other, "calibration")["passed"]:
             calibration, found = other, ([], [])
         else:
-            found = _search(ranked, attempt, out_of_time, rec.harm, name, ranges=engine in RANGES)
+            found = search(ranked, attempt, out_of_time, rec.harm, name, ranges=engine in RANGES)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
         rec.note = f"a trial could not be built, recovery stopped: {str(exc)[:500]}"
@@ -254,158 +265,11 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     if out_of_time():
         rec.note = f"stopped by the {time_limit:g} s cap: the smallest passing set found so far is kept"
     rec.kept, rec.ranged = found
+    if rec.ranged:
+        rec.mechanism += f"; {RANGE_MECHANISM[engine]}"
     chosen = results[(calibration, *(frozenset(name(r) for r in rows) for rows in found))][0]
     _check_kept(chosen, rec, calib[0])
     return chosen, rec
-
-
-MEASURE_SHARE = 0.4  # of the time cap for measuring the multiplying layers' harm one by one (step 2 of _search)
-SEARCH_SHARE = 0.7  # of the time cap for finding a passing set; the rest prunes it
-
-
-Found = tuple[list[LayerError], list[LayerError]]  # (layers kept in float, layers with the other range choice)
-
-
-def _search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: Callable[..., bool],
-            harm: dict | None = None, name: Callable[[LayerError], str] = lambda r: r.node, ranges: bool = False
-            ) -> Found | None:
-    """The layers to keep in float, and those in INT8 with the other range choice on the tensors they read
-    (``ranges``: the engine has a per-layer range choice): among the passing sets tried, the one with the most MACs
-    left in INT8 to the whole percent, then the fastest (the trial's p50), then the fewest layers (:func:`_best`);
-    None when none passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
-
-    1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
-       of them (worst first) that passes.
-    2. Otherwise each multiplying layer is measured alone in INT8, every other layer in float (:func:`_harm` of the
-       validation entry), the fewest MACs first (harm per MAC orders them: the cheap ones matter most), until
-       ``MEASURE_SHARE`` of the time cap. A layer's added error says little of what it does to the outputs: on the
-       PP-OCRv4 recognizer (LiteRT) the first depthwise convolutions add little error where they are, yet each alone
-       in INT8 drops 9-31 lines of 100 downstream; the big convolutions of the last stage, worst by added error,
-       drop none. The order: the measured harmful ones by harm per MAC, then those not measured (by added error),
-       then the measured harmless ones. A passing measurement is a passing set too (nearly all in float).
-    3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
-    4. The free tier shortened again (bisected prefix) with the multiplying layers found.
-    5. :func:`_prune`: its multiplying layers back to INT8 one by one, the most MACs first, each with the artifact's
-       ranges or else (``ranges``) with the other range choice on the tensors it reads.
-    Steps 1-4 stop at ``SEARCH_SHARE`` of the time cap, step 5 at the cap; trials are cached, so no set is built
-    twice."""
-    searching = lambda: out_of_time(SEARCH_SHARE)  # noqa: E731
-    passing: list[tuple[list[LayerError], list[LayerError], float]] = []  # each passing set, its trial's p50
-    total = sum(r.macs for r in ranked)
-    harm = {} if harm is None else harm
-
-    def ok(rows: list[LayerError], step: str = "search", ranged: list[LayerError] = ()) -> bool:
-        judged = attempt(rows, step=step, ranged=list(ranged))
-        if judged["passed"]:
-            passing.append((list(rows), list(ranged), _p50(judged)))
-        return bool(judged["passed"])
-
-    def shortest(prefix_of: list[LayerError], base: list[LayerError], lo: int = 0) -> int | None:
-        """The smallest n with base + prefix_of[:n] passing (doubling, then bisection; None: none found)."""
-        hi, n = None, max(1, lo)
-        while n <= len(prefix_of) and not searching():
-            if ok(base + prefix_of[:n]):
-                hi = n
-                break
-            lo = n
-            n = len(prefix_of) if n < len(prefix_of) and n * 2 > len(prefix_of) else n * 2
-        while hi is not None and hi - lo > 1 and not searching():
-            mid = (lo + hi) // 2
-            if ok(base + prefix_of[:mid]):
-                hi = mid
-            else:
-                lo = mid
-        return hi
-
-    free = [r for r in ranked if r.macs == 0]
-    costly = [r for r in ranked if r.macs > 0]
-    base: list[LayerError] = []
-    if free and not searching():
-        if ok(free):
-            shortest(free, [])
-            return _best(passing, total)
-        base = free
-    shared = {n for n in map(name, costly) if sum(name(r) == n for r in costly) > 1}  # not addressable alone
-    for row in sorted(costly, key=lambda r: r.macs):
-        if out_of_time(MEASURE_SHARE):
-            break
-        if name(row) in shared:
-            continue
-        others = base + [r for r in costly if r is not row]
-        harm[id(row)] = judged = attempt(others, step="sensitivity", what=f"{row.source or row.node} alone in INT8")
-        if judged["passed"]:
-            passing.append((others, [], _p50(judged)))
-    measured = sorted((r for r in costly if id(r) in harm), key=lambda r: -_harm(harm[id(r)]) / r.macs)
-    harmless = [r for r in measured if _harm(harm[id(r)]) < HARMLESS]
-    order = ([r for r in measured if r not in harmless] + [r for r in costly if id(r) not in harm] + harmless)
-    n = shortest(order, base)
-    if n is not None and base:
-        shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
-    _prune(_best(passing, total, fastest=False), ok, out_of_time, ranges)  # from the smallest: fewer sets to try
-    return _best(passing, total)
-
-
-HARMLESS = 1e-5  # a layer whose harm alone is below this goes last
-
-
-def _harm(judged: dict) -> float:
-    """How far a layer alone in INT8 moves the outputs (the validation entry of that trial): 1 - cosine against
-    the float reference, plus the metric's drop over the gate's limit (both in the drop's own unit: points, px),
-    plus 1 when that alone fails the gate (for any reason: drop, error cap, dead output)."""
-    cosine = judged.get("cosine_similarity")
-    drop, limit = judged.get("drop"), judged.get("max_drop")
-    value = 1.0 - cosine if cosine is not None and math.isfinite(cosine) else 0.0
-    if drop is not None and limit:
-        value += max(float(drop), 0.0) / float(limit)
-    return value + (0.0 if judged.get("passed") else 1.0)
-
-
-PRUNE = 12  # multiplying layers taken back to INT8 one by one at most (two trials each with the other range choice)
-
-
-def _prune(found: Found | None, ok: Callable[..., bool], out_of_time: Callable[[], bool], ranges: bool = False
-           ) -> None:
-    """Take the multiplying layers of a passing set back to INT8 one at a time, the most MACs first, keeping each
-    removal that still passes (a set found by prefixes carries layers it did not need). ``ranges``: a layer that
-    fails with the artifact's ranges is tried again with the other range choice on the tensors it reads (the
-    per-layer range choice). On the PP-OCRv4 recognizer (LiteRT, every layer without MACs in float) five early
-    convolutions, each alone in INT8 with everything else float, read 69/84/89/91/87 lines of 100 with running
-    min/max and 86/88/99/100/100 with the mean of per-sample min/max on their inputs; all five in INT8 read 84 and 98
-    (97 with the five in float)."""
-    if not found:
-        return
-    current, ranged = list(found[0]), list(found[1])
-    for row in sorted((r for r in current if r.macs > 0), key=lambda r: -r.macs)[:PRUNE]:
-        if out_of_time():
-            return
-        trial = [r for r in current if r is not row]
-        if (trial or ranged) and ok(trial, "prune", ranged):
-            current = trial
-        elif ranges and not out_of_time() and ok(trial, "ranges", ranged + [row]):
-            current, ranged = trial, ranged + [row]
-
-
-def _best(passing: list[tuple[list[LayerError], list[LayerError], float]], total: int, fastest: bool = True
-          ) -> Found | None:
-    """The passing set with the fewest MACs in float to the whole percent of ``total``, then the lowest p50, then the
-    fewest layers (``fastest=False``: the fewest MACs in float, then the fewest layers). Keeping a layer without MACs
-    in float can make an artifact faster, not only slower: on the PP-OCRv4 recognizer LiteRT runs its INT8 adds,
-    activations and softmax slower than float ones (every such op float: 5.8 ms, every op INT8: 26.5 ms, float
-    8.8 ms), so two sets keeping 2.8% and 3.0% of the MACs in float are told apart by
-    their speed."""
-    if not passing:
-        return None
-    if not fastest:
-        kept, ranged, _ = min(passing, key=lambda found: (sum(r.macs for r in found[0]), len(found[0])))
-    else:
-        kept, ranged, _ = min(passing, key=lambda found: (round(100 * sum(r.macs for r in found[0]) / max(total, 1)),
-                                                          found[2], len(found[0])))
-    return kept, ranged
-
-
-def _p50(judged: dict) -> float:
-    value = judged.get("latency_ms")
-    return float(value) if value is not None and math.isfinite(value) else math.inf
 
 
 # each engine's range choice recovery tries first (benchmarks/results/calibration_methods.txt): ONNX Runtime's
@@ -414,15 +278,16 @@ OTHER_CALIBRATION = {"onnxruntime": "percentile", "openvino": "mean_minmax", "li
 # the engines whose converter takes a range per tensor (ONNX Runtime TensorQuantOverrides, AI Edge Quantizer's
 # statistics per tensor), and the other range choice a layer can get there; NNCF takes one range estimator per model
 RANGES = {"onnxruntime": "Percentile 99.99", "litert": "mean of per-sample min/max"}
+RANGE_MECHANISM = {"onnxruntime": "onnxruntime TensorQuantOverrides",
+                   "litert": "ai-edge-quantizer statistics per tensor"}
 
 
 def _calibration_cache(engine: str, work: Path, calibration: str) -> dict:
-    """Build options that calibrate once for every trial of a recovery: ONNX Runtime's own calibration cache,
-    AI Edge Quantizer's statistics kept in memory (NNCF has none: it collects its statistics on every trial)."""
+    """Build options that calibrate once per range choice for every trial of a recovery: ONNX Runtime's own
+    calibration cache (AI Edge Quantizer's statistics are one dict kept in memory, per range choice, in
+    :func:`recover`; NNCF has none: it collects its statistics on every trial)."""
     if engine == "onnxruntime":
         return {"calibration_cache": work / f"onnxruntime-calibration-{calibration}.json"}
-    if engine == "litert":
-        return {"statistics": {}}
     return {}
 
 
@@ -480,6 +345,7 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
             shutil.rmtree(work, ignore_errors=True)
         done[b.id] = rec
         say(f"[{b.id}] recovery {rec.status}: {len(rec.kept)} layer(s) kept in float, "
+            + (f"{len(rec.ranged)} in INT8 with the other range choice, " if rec.ranged else "") +
             f"{rec.seconds:.0f} s" + (f" ({rec.note})" if rec.note else ""))
     return done
 

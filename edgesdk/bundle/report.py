@@ -258,6 +258,8 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
         if isinstance(layer, dict):
             lines.append(f"      INT8, {layer.get('ranges', 'other')} ranges: {layer.get('layer')} ({layer.get('op')}, "
                          f"{_macs(layer.get('macs') or 0)}): {layer.get('reason', '')}")
+    if len(ranged) > shown:
+        lines.append(f"      ... and {len(ranged) - shown} more in INT8 with the other ranges (edgesdk inspect --json)")
     return lines
 
 

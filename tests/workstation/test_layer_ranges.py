@@ -297,3 +297,54 @@ def test_onnx_node_name_that_does_not_exist_is_refused(onnx_builds, source, samp
 
     with pytest.raises(ConversionError, match=r"layer_ranges names no node: node_nope$"):
         onnx_target.range_overrides(b["fp32"], ("node_nope",), load_tensors_data(cache))
+
+
+def test_tflite_walk_through_split_follows_its_data_not_its_axis(tmp_path):
+    """TFLite's SPLIT reads (axis, data): a layer reading a SPLIT output gets the other ranges on the data the split
+    cuts, not on its axis constant. litert-torch lowers ``torch.split`` to SLICE, so its first SLICE is rewritten as
+    SPLIT(axis, data) here (the graph is only walked, never run)."""
+    import litert_torch
+    import torch
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    class Split(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c0, self.c1 = torch.nn.Linear(8, 8), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            a, b = torch.split(self.c0(x), [4, 4], dim=-1)
+            return self.c1(a) + b
+
+    litert_torch.convert(Split().eval(), (torch.randn(1, 8),)).export(str(tmp_path / "sliced.tflite"))
+    model = flatbuffer_utils.read_model(str(tmp_path / "sliced.tflite"))
+    graph = model.subgraphs[0]
+    code = lambda op: flatbuffer_utils.opcode_to_name(model, op.opcodeIndex)  # noqa: E731
+    name = lambda i: graph.tensors[i].name.decode()  # noqa: E731
+    [fc0, fc1] = [op for op in graph.operators if code(op) == "FULLY_CONNECTED"]
+    slice_op = next(op for op in graph.operators if code(op) == "SLICE" and fc1.inputs[0] in op.outputs)
+    data = int(slice_op.inputs[0])
+    assert data == int(fc0.outputs[0])
+    split = schema.OperatorCodeT()
+    split.builtinCode = split.deprecatedBuiltinCode = schema.BuiltinOperator.SPLIT
+    split.version = 1
+    model.operatorCodes.append(split)
+    axis_buffer = schema.BufferT()
+    axis_buffer.data = np.array([1], np.int32).tobytes()
+    model.buffers.append(axis_buffer)
+    axis = schema.TensorT()
+    axis.shape, axis.type, axis.buffer, axis.name = np.array([], np.int32), schema.TensorType.INT32, \
+        len(model.buffers) - 1, b"split_dim"
+    graph.tensors.append(axis)
+    slice_op.opcodeIndex = len(model.operatorCodes) - 1
+    slice_op.inputs = np.array([len(graph.tensors) - 1, data], np.int32)
+    slice_op.builtinOptionsType = schema.BuiltinOptions.SplitOptions
+    options = schema.SplitOptionsT()
+    options.numSplits = 1
+    slice_op.builtinOptions = options
+    flatbuffer_utils.write_model(model, str(tmp_path / "split.tflite"))
+
+    read = tflite.layer_tensors(tmp_path / "split.tflite", (name(fc1.outputs[0]),))
+    assert name(fc1.inputs[0]) in read and name(data) in read, read  # the split's output and the data it cuts
+    assert "split_dim" not in read, read

@@ -79,7 +79,9 @@ def test_head_goes_back_to_int8_with_the_other_ranges_and_embed_stays_float(bund
     ranged = rec["layer_ranges"]
     assert [r["layer"] for r in ranged] == ["head"]
     assert ranged[0]["ranges"] == RANGES[aid] and ranged[0]["macs"] == MACS["head"]
-    assert "still passes" in ranged[0]["reason"]
+    # head was measured alone in INT8 with the artifact's ranges, and failed: the reason carries that measurement
+    assert "alone in INT8 with the artifact's ranges it moved the outputs to cosine" in ranged[0]["reason"]
+    assert "onnxruntime TensorQuantOverrides" in rec["mechanism"] or "statistics per tensor" in rec["mechanism"]
     assert rec["int8_mac_share"] == pytest.approx(MACS["head"] / sum(MACS.values()))
     steps = [(t["step"], t["layer_ranges"], t["passed"]) for t in rec["trials"]]
     assert ("ranges", 1, True) in steps
@@ -133,8 +135,9 @@ def test_the_share_is_read_from_the_artifact_and_a_mismatch_is_noted(bundle, aid
     sample = [calib[:1]]
     embed = LayerError(name="embed", op="MatMul", node="embed", position=0, macs=MACS["embed"], quantized=True)
     total = sum(MACS.values())
-    # as recovery asked it: "embed" in float, the rest INT8: the artifact agrees, no note
-    honest = Recovery("recovered", kept=[embed], macs=total, int8_macs_before=total)
+    # as recovery asked it: "embed" in float, "head" in INT8 (with the other ranges): the artifact agrees, no note
+    head = LayerError(name="head", op="MatMul", node="head", position=1, macs=MACS["head"], quantized=True)
+    honest = Recovery("recovered", kept=[embed], ranged=[head], macs=total, int8_macs_before=total)
     _check_kept(shipped, honest, sample)
     assert honest.int8_macs_after / honest.macs_after == pytest.approx(MACS["head"] / total)
     assert honest.note == ""

@@ -128,7 +128,8 @@ def layer_inputs(model_path: Path, nodes: tuple[str, ...]) -> list[str]:
     keep theirs; a node's output is its consumers' input, and the model's outputs keep their own ranges). An
     activation written by an op ONNX Runtime gives its input's parameters (a pool, reshape, transpose, slice...:
     :func:`_same_as_input`) brings that op's input along, up the chain: its own override would be ignored. A name no
-    node has is refused: the artifact would silently differ from what was asked."""
+    node of the main graph has is refused (the nodes of an If or Loop body are not read): the artifact would silently
+    differ from what was asked."""
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
@@ -156,15 +157,20 @@ def layer_inputs(model_path: Path, nodes: tuple[str, ...]) -> list[str]:
 
 def range_overrides(model_path: Path, nodes: tuple[str, ...], ranges) -> dict:
     """``TensorQuantOverrides`` giving every activation the named nodes read (:func:`layer_inputs`) its range from
-    ``ranges`` (``TensorsData``)."""
-    return {t: [{"rmin": ranges.data[t].range_value[0], "rmax": ranges.data[t].range_value[1]}]
-            for t in layer_inputs(model_path, nodes) if t in ranges.data}
+    ``ranges`` (``TensorsData``). None of them calibrated is refused: the artifact would be the default one."""
+    overrides = {t: [{"rmin": ranges.data[t].range_value[0], "rmax": ranges.data[t].range_value[1]}]
+                 for t in layer_inputs(model_path, nodes) if t in ranges.data}
+    if not overrides:
+        raise ConversionError(f"onnx target: layer_ranges: no activation {', '.join(nodes)} read was calibrated")
+    return overrides
 
 
 def _same_as_input() -> frozenset[str]:
-    """The op types whose output ONNX Runtime's QDQ quantizer gives its (first) input's parameters: those quantized
-    by ``QDQDirect8BitOp`` and its subclasses (reshape, transpose, pools, resize, slice...), and Pad, Split and
-    Gather, which share them too (``quantize_output_same_as_input``)."""
+    """The op types whose output ONNX Runtime's QDQ quantizer may give its (first) input's parameters: those
+    quantized by ``QDQDirect8BitOp`` and its subclasses (reshape, transpose, pools, resize, slice...), and Pad, Split
+    and Gather (``quantize_output_same_as_input``). Conservative: some share only in some cases (Pad in its reflect,
+    edge and wrap modes or with a zero constant; the others when their input is quantized), and there the walk also
+    gives the op's input the other range."""
     from onnxruntime.quantization.operators.direct_q8 import QDQDirect8BitOp
     from onnxruntime.quantization.registry import QDQRegistry
 

@@ -93,7 +93,8 @@ def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
     """The names of the tensors the ops named in ``layers`` (by an output tensor name, as ``keep_float``) read: the
     tensors whose ranges ``layer_ranges`` replaces (an op's output is its consumers' input, and the model's output
     keeps its own range). A tensor written by an op AI Edge Quantizer gives its input's parameters (a pool, reshape,
-    transpose, pad...) brings that op's input along, up the chain: its own range would be ignored."""
+    transpose, pad...) brings that op's input along, up the chain: its own range would be ignored. Only ops of the
+    graphs' own lists are read (no control flow bodies: AI Edge Quantizer quantizes none)."""
     from ai_edge_litert.tools.flatbuffer_utils import opcode_to_name
     from ai_edge_quantizer.algorithms.utils.common_utils import OpQuantConstraint
     from ai_edge_quantizer.utils import constrained_ops_utils
@@ -101,6 +102,7 @@ def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
 
     same = {str(getattr(o, "value", o))
             for o in constrained_ops_utils.get_constrained_op_list(OpQuantConstraint.SAME_AS_INPUT_SCALE)}
+    data = {"SPLIT": 1}  # the input that carries the values (SPLIT's first is its axis); the first for the others
     flat = tfl.read_model(str(model))
     names = []
     for graph, op in _ops_named(flat, layers, "layer_ranges"):
@@ -111,9 +113,10 @@ def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
                 seen.add(i)
                 names.append(tfl.get_tensor_name(graph.tensors[i]))
                 up = producer.get(i)
-                if up is None or not len(up.inputs) or opcode_to_name(flat, up.opcodeIndex) not in same:
+                kind = None if up is None else opcode_to_name(flat, up.opcodeIndex)
+                if kind not in same or len(up.inputs) <= data.get(kind, 0):
                     break
-                i = up.inputs[0]
+                i = up.inputs[data.get(kind, 0)]
     return list(dict.fromkeys(names))
 
 
@@ -176,6 +179,9 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             qsvs = ranges(calibration)
             if swapped:
                 other = ranges(layer_calibration)
+                if not any(t in other for t in swapped):
+                    raise ConversionError(f"layer_ranges: none of the tensors {', '.join(layer_ranges)} read has "
+                                          f"{layer_calibration} statistics")
                 qsvs = {**qsvs, **{t: other[t] for t in swapped if t in other}}
             qt = quantizer.Quantizer(float_input, chosen)
             qt.quantize(qsvs).export_model(str(int8), overwrite=True)
