@@ -58,6 +58,7 @@ class Trial:
     calibration: str = "minmax"
     step: str = "search"  # calibration | sensitivity | search | prune | ranges
     layer_ranges: int = 0  # layers in INT8 with the other range choice on the tensors they read
+    latency_ms: float | None = None  # the trial artifact's p50 (validation's own measure)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Recovery:
             "latency_ms_before": self.before.get("latency_ms"),
             "calibration": self.calibration,
             "trials": [{"kept": t.kept, "layer_ranges": t.layer_ranges, "step": t.step, "calibration": t.calibration,
-                        "passed": t.passed,
+                        "passed": t.passed, "latency_ms": t.latency_ms,
                         "metric_value": t.metric_value, "drop": t.drop, "seconds": round(t.seconds, 1)}
                        for t in self.trials],
             "seconds": round(self.seconds, 1),
@@ -228,12 +229,13 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         results[key] = (candidate, judged)
         kept_macs = sum(r.macs for r in rows)
         rec.trials.append(Trial(len(key[1]), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
-                                time.perf_counter() - t0, how, step, len(key[2])))
+                                time.perf_counter() - t0, how, step, len(key[2]), judged.get("latency_ms")))
         say(f"[{int8.id}] recovery ({step}{': ' + what if what else ''}): {how} calibration, {len(key[1])} layer(s) "
             f"in float" + (f", {len(key[2])} with {RANGES[engine]} ranges" if key[2] else "") + " "
             f"({kept_macs / max(rec.macs, 1):.1%} of MACs) -> {judged.get('metric')} "
             f"{_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
-            f"({'passes' if judged['passed'] else 'fails'}, {time.perf_counter() - t0:.0f} s)")
+            f"({'passes' if judged['passed'] else 'fails'}, p50 {_num(judged.get('latency_ms'))} ms, "
+            f"{time.perf_counter() - t0:.0f} s)")
         return judged
 
     def out_of_time(share: float = 1.0) -> bool:

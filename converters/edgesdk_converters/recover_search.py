@@ -37,7 +37,8 @@ def search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: 
     3. Prefixes of that order (1, 2, 4... then bisected) on top of the free tier.
     4. The free tier shortened again (bisected prefix) with the multiplying layers found.
     5. :func:`prune`: its multiplying layers back to INT8 one by one, the most MACs first, each with the artifact's
-       ranges or else (``ranges``) with the other range choice on the tensors it reads.
+       ranges or else (``ranges``) with the other range choice on the tensors it reads; then the pruned set with the
+       whole free tier in float, when step 4 shortened it (the same MACs in INT8: the faster one is kept).
     Steps 1-4 stop at ``SEARCH_SHARE`` of the time cap, step 5 at the cap; trials are cached, so no set is built
     twice."""
     searching = lambda: out_of_time(SEARCH_SHARE)  # noqa: E731
@@ -98,8 +99,13 @@ def search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: 
     order = ([r for r in measured if r not in harmless] + [r for r in costly if id(r) not in harm] + harmless)
     n = shortest(order, base)
     if n is not None and base:
-        shortest(base, order[:n])  # the free tier again: fewer float layers, less latency
+        shortest(base, order[:n])  # the free tier again: fewer layers in float
     prune(best(passing, total, fastest=False), ok, out_of_time, ranges, name)  # from the smallest: fewer to try
+    pruned = best(passing, total, fastest=False)
+    if pruned is not None and base and not out_of_time() and len({id(r) for r in base} - {id(r) for r in pruned[0]}):
+        # the pruned set with the whole free tier in float again: the same MACs in INT8, and the p50 decides (LiteRT
+        # runs its INT8 elementwise ops slower than float ones; another engine may not)
+        ok(base + [r for r in pruned[0] if r.macs > 0], "prune", pruned[1])
     return best(passing, total)
 
 

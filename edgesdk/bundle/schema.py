@@ -103,7 +103,8 @@ RECOVERY = Obj(
               "trials": ListOf(Obj(optional={"kept": Int(0, "a non-negative integer"),
                                              "layer_ranges": Int(0, "a non-negative integer"), "passed": Bool(),
                                              "calibration": Str(), "step": Str(),
-                                             "metric_value": _NUM, "drop": _NUM, "seconds": _NUM}))},
+                                             "metric_value": _NUM, "drop": _NUM, "seconds": _NUM,
+                                             "latency_ms": _NUM}))},
 )
 ARTIFACT = Obj(
     required={"id": NAME, "engine": OneOf(*ENGINES), "precision": OneOf(*PRECISIONS), "files": FILES},
