@@ -67,6 +67,23 @@ def digits_arrays(digits_images) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="session")
+def digits_calib32(digits_arrays) -> list[list[np.ndarray]]:
+    """32 digits as calibration samples: one (1, 1, 8, 8) input each."""
+    return [[x[None]] for x in digits_arrays[0][:32]]
+
+
+@pytest.fixture(scope="session")
+def digits_source(digits_calib32):
+    """The digits CNN (digits.pt2) opened as ``quantize`` opens it, its input shape fixed from a calibration sample
+    (workstation side: converters installed)."""
+    from edgesdk_converters.sources import open_source
+
+    src = open_source(DIGITS_PT2)
+    src.fix_shapes(digits_calib32[0])
+    return src
+
+
+@pytest.fixture(scope="session")
 def digits_npz(tmp_path_factory, digits_arrays) -> Path:
     """150 preprocessed digits with labels: .npz with x and y."""
     x, y = digits_arrays

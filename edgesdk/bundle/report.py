@@ -7,7 +7,7 @@ bundles checked by an older edgesdk may still hold them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..cpu import describe
 
@@ -248,23 +248,24 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
              f"{num('seconds', '{:.0f}')} s"]
     if rec.get("note"):
         lines.append(f"      {rec['note']}")
-    for layer in kept[:shown]:
-        if isinstance(layer, dict):
-            lines.append(f"      float: {layer.get('layer')} ({layer.get('op')}, {_macs(layer.get('macs') or 0)}): "
-                         f"{layer.get('reason', '')}")
-    if len(kept) > shown:
-        lines.append(f"      ... and {len(kept) - shown} more (edgesdk inspect --json)")
-    for layer in ranged[:shown]:
-        if isinstance(layer, dict):
-            lines.append(f"      INT8, {layer.get('ranges', 'other')} ranges: {layer.get('layer')} ({layer.get('op')}, "
-                         f"{_macs(layer.get('macs') or 0)}): {layer.get('reason', '')}")
-    if len(ranged) > shown:
-        lines.append(f"      ... and {len(ranged) - shown} more in INT8 with the other ranges (edgesdk inspect --json)")
+    lines += _layer_lines(kept, shown, lambda layer: "float", "")
+    lines += _layer_lines(ranged, shown, lambda layer: f"INT8, {layer.get('ranges', 'other')} ranges",
+                          " in INT8 with the other ranges")
     return lines
 
 
-def _macs(macs: int) -> str:
-    return f"{macs / 1e6:.2f} MMAC" if macs >= 1e5 else f"{macs} MACs"
+def _layer_lines(layers: list, shown: int, label: Callable[[dict], str], what: str) -> list[str]:
+    """One line per recorded layer (``label``: how it runs), the first ``shown``, then how many more."""
+    lines = []
+    for layer in layers[:shown]:
+        if isinstance(layer, dict):
+            macs = layer.get("macs") or 0
+            size = f"{macs / 1e6:.2f} MMAC" if macs >= 1e5 else f"{macs} MACs"
+            lines.append(f"      {label(layer)}: {layer.get('layer')} ({layer.get('op')}, {size}): "
+                         f"{layer.get('reason', '')}")
+    if len(layers) > shown:
+        lines.append(f"      ... and {len(layers) - shown} more{what} (edgesdk inspect --json)")
+    return lines
 
 
 def build_report(manifest: dict[str, Any]) -> list[str]:

@@ -23,27 +23,12 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import ConversionError
-from edgesdk_converters.sources import open_source
 from edgesdk_converters.targets import onnx as onnx_target
 from edgesdk_converters.targets import ranges_text, tflite
-from support import DIGITS_PT2
 
 # the digits CNN's Conv nodes (torch.onnx names): the second reads what the first writes (through a Relu ONNX
 # Runtime folds into the first's output), the third what a MaxPool writes
 CONV, CONV_AFTER_POOL = "node_conv2d_1", "node_conv2d_2"
-
-
-@pytest.fixture(scope="module")
-def samples(digits_arrays):
-    return [[x[None]] for x in digits_arrays[0][:32]]
-
-
-@pytest.fixture(scope="module")
-def source(samples):
-    """The digits CNN with its input shape fixed from a calibration sample, as ``quantize`` opens it."""
-    src = open_source(DIGITS_PT2)
-    src.fix_shapes(samples[0])
-    return src
 
 
 # -- tflite ------------------------------------------------------------------------------------------------------------
@@ -92,7 +77,7 @@ def _tflite_layer(path, output: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture(scope="module")
-def tflite_builds(tmp_path_factory, source, samples):
+def tflite_builds(tmp_path_factory, digits_source, digits_calib32):
     """The digits CNN through the tflite target: the default, ``mean_minmax`` on the whole model, and the default with
     ``layer_ranges`` on the first CONV_2D (calibration statistics kept in one dict across the first and last builds)."""
     from ai_edge_litert import schema_py_generated as schema
@@ -101,12 +86,13 @@ def tflite_builds(tmp_path_factory, source, samples):
     out = tmp_path_factory.mktemp("tflite-layer-ranges")
     statistics = {}
     (out / "minmax").mkdir()
-    fp32, base = tflite.build(source, samples, out / "minmax", statistics=statistics)
+    fp32, base = tflite.build(digits_source, digits_calib32, out / "minmax", statistics=statistics)
     keys_after_default = sorted(statistics)
     minmax_stats = statistics["minmax"]
     (out / "whole").mkdir()
     whole_statistics = {}
-    whole = tflite.build(source, samples, out / "whole", float_model=fp32.files[0], statistics=whole_statistics,
+    whole = tflite.build(digits_source, digits_calib32, out / "whole", float_model=fp32.files[0],
+                         statistics=whole_statistics,
                          calibration="mean_minmax")[1]
     model = flatbuffer_utils.read_model(str(fp32.files[0]))
     graph = model.subgraphs[0]
@@ -114,7 +100,7 @@ def tflite_builds(tmp_path_factory, source, samples):
              if _code(model, op) == schema.BuiltinOperator.CONV_2D]
     assert len(convs) == 2, "the digits CNN has two CONV_2D ops"
     (out / "layer").mkdir()
-    layer = tflite.build(source, samples, out / "layer", float_model=fp32.files[0], statistics=statistics,
+    layer = tflite.build(digits_source, digits_calib32, out / "layer", float_model=fp32.files[0], statistics=statistics,
                          layer_ranges=(convs[0],))[1]
     return {"fp32": fp32.files[0], "base": base, "whole": whole, "layer": layer, "convs": convs, "out": out,
             "statistics": statistics, "keys_after_default": keys_after_default, "minmax_stats": minmax_stats,
@@ -140,11 +126,11 @@ def test_tflite_layer_reads_with_the_other_ranges(tflite_builds):
     _check_tflite_layer(b["base"].files[0], b["whole"].files[0], b["layer"].files[0], b["convs"][0])
 
 
-def test_tflite_layer_reading_a_max_pool_reads_with_the_other_ranges(tflite_builds, source, samples):
+def test_tflite_layer_reading_a_max_pool_reads_with_the_other_ranges(tflite_builds, digits_source, digits_calib32):
     b = tflite_builds
     out = b["out"] / "second-conv"
     out.mkdir()
-    layer = tflite.build(source, samples, out, float_model=b["fp32"], statistics=b["statistics"],
+    layer = tflite.build(digits_source, digits_calib32, out, float_model=b["fp32"], statistics=b["statistics"],
                          layer_ranges=(b["convs"][1],))[1]
     _check_tflite_layer(b["base"].files[0], b["whole"].files[0], layer.files[0], b["convs"][1])
 
@@ -162,23 +148,23 @@ def test_tflite_statistics_are_kept_per_range_choice(tflite_builds):
                                           b["whole_statistics"]["mean_minmax"][t][side])
 
 
-def test_tflite_method_counts_the_layers(tflite_builds, source, samples):
+def test_tflite_method_counts_the_layers(tflite_builds, digits_source, digits_calib32):
     b = tflite_builds
     assert b["layer"].method == b["base"].method + ranges_text((b["convs"][0],), "mean of per-sample min/max")
     assert re.search(r"; 1 layer [^;]*mean of per-sample min/max ranges$", b["layer"].method)
     assert not re.search(r"; \d+ layers? ", b["whole"].method)
     out = b["out"] / "both-convs"
     out.mkdir()
-    both = tflite.build(source, samples, out, float_model=b["fp32"], statistics=b["statistics"],
+    both = tflite.build(digits_source, digits_calib32, out, float_model=b["fp32"], statistics=b["statistics"],
                         layer_ranges=tuple(b["convs"]), layer_calibration="minmax", calibration="mean_minmax")[1]
     assert both.method == b["whole"].method + ranges_text(tuple(b["convs"]), "running min/max")
     assert re.search(r"; 2 layers [^;]*running min/max ranges$", both.method)
 
 
-def test_tflite_name_no_op_outputs_is_refused(tflite_builds, source, samples, tmp_path):
+def test_tflite_name_no_op_outputs_is_refused(tflite_builds, digits_source, digits_calib32, tmp_path):
     b = tflite_builds
     with pytest.raises(ConversionError, match=r"layer_ranges names no op's output tensor: W;404$"):
-        tflite.build(source, samples, tmp_path, float_model=b["fp32"], statistics=b["statistics"],
+        tflite.build(digits_source, digits_calib32, tmp_path, float_model=b["fp32"], statistics=b["statistics"],
                      layer_ranges=(b["convs"][0], "W;404"))
     assert not (tmp_path / "model_int8.tflite").exists()
     with pytest.raises(ConversionError, match=r"layer_ranges names no op's output tensor: W;404$"):
@@ -215,18 +201,20 @@ def _qdq_layer(path, node_name: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture(scope="module")
-def onnx_builds(tmp_path_factory, source, samples):
+def onnx_builds(tmp_path_factory, digits_source, digits_calib32):
     """The digits CNN through the onnx target: MinMax, Percentile on the whole model, and MinMax with ``layer_ranges``
     on CONV, whose Percentile ranges are calibrated into a cache named before it exists."""
     out = tmp_path_factory.mktemp("onnx-layer-ranges")
     (out / "minmax").mkdir()
-    fp32, base = onnx_target.build(source, samples, out / "minmax")
+    fp32, base = onnx_target.build(digits_source, digits_calib32, out / "minmax")
     (out / "whole").mkdir()
-    whole = onnx_target.build(source, samples, out / "whole", float_model=fp32.files[0], calibration="percentile")[1]
+    whole = onnx_target.build(digits_source, digits_calib32, out / "whole", float_model=fp32.files[0],
+                              calibration="percentile")[1]
     cache = out / "percentile.json"
     assert not cache.exists()
     (out / "layer").mkdir()
-    layer = onnx_target.build(source, samples, out / "layer", float_model=fp32.files[0], layer_ranges=(CONV,),
+    layer = onnx_target.build(digits_source, digits_calib32, out / "layer", float_model=fp32.files[0],
+                              layer_ranges=(CONV,),
                               layer_calibration_cache=cache)[1]
     return {"fp32": fp32.files[0], "base": base, "whole": whole, "layer": layer, "cache": cache, "out": out}
 
@@ -236,7 +224,7 @@ def _check_qdq_layer(base_path, whole_path, layer_path, node_name: str) -> None:
     reads, writes = _qdq_layer(layer_path, node_name)
     assert reads and writes and not reads & writes
     assert set(base) == set(whole) == set(layer)
-    # Percentile on 32 samples moves the scale of what the layer reads and of what it writes: the test can fail
+    # Percentile on 32 digits_calib32 moves the scale of what the layer reads and of what it writes: the test can fail
     assert any(whole[k] != base[k] for k in reads) and any(whole[k] != base[k] for k in writes)
     assert {k: layer[k] for k in reads} == {k: whole[k] for k in reads}
     assert {k: layer[k] for k in set(base) - reads} == {k: base[k] for k in set(base) - reads}
@@ -247,16 +235,17 @@ def test_onnx_layer_reads_with_percentile_ranges(onnx_builds):
     _check_qdq_layer(b["base"].files[0], b["whole"].files[0], b["layer"].files[0], CONV)
 
 
-def test_onnx_layer_reading_a_max_pool_reads_with_percentile_ranges(onnx_builds, source, samples):
+def test_onnx_layer_reading_a_max_pool_reads_with_percentile_ranges(onnx_builds, digits_source, digits_calib32):
     b = onnx_builds
     out = b["out"] / "after-pool"
     out.mkdir()
-    layer = onnx_target.build(source, samples, out, float_model=b["fp32"], layer_ranges=(CONV_AFTER_POOL,),
+    layer = onnx_target.build(digits_source, digits_calib32, out, float_model=b["fp32"],
+                              layer_ranges=(CONV_AFTER_POOL,),
                               layer_calibration_cache=b["cache"])[1]
     _check_qdq_layer(b["base"].files[0], b["whole"].files[0], layer.files[0], CONV_AFTER_POOL)
 
 
-def test_onnx_layer_calibration_cache_is_written_then_read(onnx_builds, source, samples, tmp_path):
+def test_onnx_layer_calibration_cache_is_written_then_read(onnx_builds, digits_source, digits_calib32, tmp_path):
     b = onnx_builds
     written = json.loads(b["cache"].read_text())
     assert "Percentile" in json.dumps(written["calibration_method"])
@@ -271,7 +260,8 @@ def test_onnx_layer_calibration_cache_is_written_then_read(onnx_builds, source, 
     edited.write_text(json.dumps(written))
     before = edited.read_bytes()
     (tmp_path / "build").mkdir()
-    layer = onnx_target.build(source, samples, tmp_path / "build", float_model=b["fp32"], layer_ranges=(CONV,),
+    layer = onnx_target.build(digits_source, digits_calib32, tmp_path / "build", float_model=b["fp32"],
+                              layer_ranges=(CONV,),
                               layer_calibration_cache=edited)[1]
     assert _qdq_activations(layer.files[0])[scale] == pytest.approx(0.1)
     assert _qdq_activations(b["layer"].files[0])[scale] != pytest.approx(0.1)
@@ -285,12 +275,13 @@ def test_onnx_method_counts_the_layers(onnx_builds):
     assert not re.search(r"; \d+ layers? ", b["whole"].method)
 
 
-def test_onnx_node_name_that_does_not_exist_is_refused(onnx_builds, source, samples, tmp_path):
+def test_onnx_node_name_that_does_not_exist_is_refused(onnx_builds, digits_source, digits_calib32, tmp_path):
     b = onnx_builds
     cache = tmp_path / "percentile.json"
     shutil.copy(b["cache"], cache)
     with pytest.raises(ConversionError, match=r"layer_ranges names no node: node_nope$"):
-        onnx_target.build(source, samples, tmp_path, float_model=b["fp32"], layer_ranges=(CONV, "node_nope"),
+        onnx_target.build(digits_source, digits_calib32, tmp_path, float_model=b["fp32"], layer_ranges=(CONV,
+                          "node_nope"),
                           layer_calibration_cache=cache)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["percentile.json"]  # no INT8 model, no _prepared.onnx
     from onnxruntime.quantization.calibrate import load_tensors_data

@@ -19,9 +19,7 @@ import pytest
 
 from edgesdk.errors import ConversionError
 from edgesdk_converters.layers import probe_for
-from edgesdk_converters.sources import open_source
 from edgesdk_converters.targets import tflite
-from support import DIGITS_PT2
 
 KEPT, NEIGHBOUR = "W;1", "W;;W;1"  # the scope of NEIGHBOUR's op, "W;;W;1;", contains ";W;1;"
 
@@ -32,26 +30,13 @@ def _old_pattern(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def samples(digits_arrays):
-    return [[x[None]] for x in digits_arrays[0][:32]]
-
-
-@pytest.fixture(scope="module")
-def source(samples):
-    """The digits CNN with its input shape fixed from a calibration sample, as ``quantize`` opens it."""
-    src = open_source(DIGITS_PT2)
-    src.fix_shapes(samples[0])
-    return src
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, source):
+def models(tmp_path_factory, digits_source):
     """(float .tflite from litert-torch, the same with the two CONV_2D outputs renamed KEPT and NEIGHBOUR)."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.tools import flatbuffer_utils
 
     out = tmp_path_factory.mktemp("keep-float")
-    fp32 = source.float_tflite(out / "fp32.tflite")
+    fp32 = digits_source.float_tflite(out / "fp32.tflite")
     model = flatbuffer_utils.read_model(str(fp32))
     graph = model.subgraphs[0]
     convs = [op for op in graph.operators
@@ -73,17 +58,17 @@ def _run(path, x):
     return next(iter(runner(args_0=x).values()))
 
 
-def _int8_layers(source, samples, renamed, out, keep_float):
+def _int8_layers(digits_source, digits_calib32, renamed, out, keep_float):
     out.mkdir()
-    built = tflite.build(source, samples, out, keep_float=keep_float, float_model=renamed)
+    built = tflite.build(digits_source, digits_calib32, out, keep_float=keep_float, float_model=renamed)
     int8 = next(b for b in built if b.id == "litert-int8")
     with probe_for("litert", int8.files[0]) as probe:
         return {layer.name: layer for layer in probe.layers()}
 
 
-def test_renamed_float_model_computes_what_the_float_model_computes(models, samples):
+def test_renamed_float_model_computes_what_the_float_model_computes(models, digits_calib32):
     fp32, renamed = models
-    x = samples[0][0]
+    x = digits_calib32[0][0]
     np.testing.assert_array_equal(_run(renamed, x), _run(fp32, x))
     with probe_for("litert", renamed) as probe:
         assert [l.name for l in probe.layers() if l.op == "CONV_2D"] == [KEPT, NEIGHBOUR]
@@ -103,9 +88,10 @@ def test_old_pattern_matched_both_scopes_the_scope_pattern_one(models):
     assert [name for name, scope in scopes.items() if re.search(entry["regex"], scope)] == [KEPT]
 
 
-def test_keeping_one_op_leaves_the_op_whose_scope_ends_in_its_name_int8(models, source, samples, tmp_path):
+def test_keeping_one_op_leaves_the_op_whose_scope_ends_in_its_name_int8(models, digits_source, digits_calib32,
+                                                                        tmp_path):
     _, renamed = models
-    layers = _int8_layers(source, samples, renamed, tmp_path / "kept", (KEPT,))
+    layers = _int8_layers(digits_source, digits_calib32, renamed, tmp_path / "kept", (KEPT,))
     macs = [layer for layer in layers.values() if layer.macs]
     assert len(macs) == 5 and {KEPT, NEIGHBOUR} <= {layer.name for layer in macs}
     assert not layers[KEPT].quantized
@@ -113,17 +99,17 @@ def test_keeping_one_op_leaves_the_op_whose_scope_ends_in_its_name_int8(models, 
     assert [layer.name for layer in macs if not layer.quantized] == [KEPT]  # every other MAC layer stays INT8
 
 
-def test_probe_name_with_a_duplicate_suffix_keeps_the_op_of_that_name(models, source, samples, tmp_path):
+def test_probe_name_with_a_duplicate_suffix_keeps_the_op_of_that_name(models, digits_source, digits_calib32, tmp_path):
     _, renamed = models
-    layers = _int8_layers(source, samples, renamed, tmp_path / "suffixed", (f"{NEIGHBOUR} #12",))
+    layers = _int8_layers(digits_source, digits_calib32, renamed, tmp_path / "suffixed", (f"{NEIGHBOUR} #12",))
     assert not layers[NEIGHBOUR].quantized
     assert [layer.name for layer in layers.values() if layer.macs and not layer.quantized] == [NEIGHBOUR]
 
 
-def test_name_no_op_outputs_is_refused(models, source, samples, tmp_path):
+def test_name_no_op_outputs_is_refused(models, digits_source, digits_calib32, tmp_path):
     _, renamed = models
     before = renamed.read_bytes()
     with pytest.raises(ConversionError, match=r"keep_float names no op's output tensor: W;2\b"):
-        tflite.build(source, samples, tmp_path, keep_float=(KEPT, "W;2"), float_model=renamed)
+        tflite.build(digits_source, digits_calib32, tmp_path, keep_float=(KEPT, "W;2"), float_model=renamed)
     assert not (tmp_path / "model_int8.tflite").exists()
     assert renamed.read_bytes() == before
