@@ -21,9 +21,9 @@ def search(ranked: list[LayerError], attempt: Callable[..., dict], out_of_time: 
             harm: dict | None = None, name: Callable[[LayerError], str] = lambda r: r.node, ranges: bool = False
             ) -> Found | None:
     """The layers to keep in float, and those in INT8 with the other range choice on the tensors they read
-    (``ranges``: the engine has a per-layer range choice): among the passing sets tried, the one with the most MACs
-    left in INT8 to the whole percent, then the fastest (the trial's p50), then the fewest layers (:func:`best`);
-    None when none passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
+    (``ranges``: the engine has a per-layer range choice): among the passing sets tried within a point of the most
+    MACs left in INT8, the fastest (the trial's p50), then the fewest MACs in float, then the fewest layers
+    (:func:`best`); None when none passed. ``harm`` receives, per measured layer (``id(row)``), the validation entry of step 2.
 
     1. The layers that multiply nothing, all of them (they cost no INT8 MACs); when that passes, the shortest prefix
        of them (worst first) that passes.
@@ -154,21 +154,25 @@ def prune(found: Found | None, ok: Callable[..., bool], out_of_time: Callable[[]
             current, ranged = trial, ranged + unit
 
 
+SHARE_SLACK = 0.01  # of all MACs: passing sets this close to the most MACs in INT8 are told apart by their speed
+
+
 def best(passing: list[tuple[list[LayerError], list[LayerError], float]], total: int, fastest: bool = True
-          ) -> Found | None:
-    """The passing set with the fewest MACs in float to the whole percent of ``total``, then the lowest p50, then the
-    fewest layers (``fastest=False``: the fewest MACs in float, then the fewest layers). Keeping a layer without MACs
-    in float can make an artifact faster, not only slower: on the PP-OCRv4 recognizer LiteRT runs its INT8 adds,
-    activations and softmax slower than float ones (every such op float: 5.8 ms, every op INT8: 26.5 ms, float
-    8.8 ms), so two sets keeping 2.8% and 3.0% of the MACs in float are told apart by
-    their speed."""
+         ) -> Found | None:
+    """Among the passing sets within ``SHARE_SLACK`` of the fewest MACs in float, the one with the lowest p50, then
+    the fewest MACs in float, then the fewest layers (``fastest=False``: the fewest MACs in float, then the fewest
+    layers). Keeping a layer without MACs in float can make an artifact faster, not only slower: on the PP-OCRv4
+    recognizer LiteRT runs its INT8 adds, activations and softmax slower than float ones (every such op float:
+    5.8 ms, every op INT8: 26.5 ms, float 8.8 ms); in two recoveries of it, a set keeping 2.5% of the MACs in float
+    ran at 13.9 ms and one keeping 3.0% with every such op in float at 7.4 ms."""
     if not passing:
         return None
+    floats = [sum(r.macs for r in found[0]) for found in passing]
     if not fastest:
-        kept, ranged, _ = min(passing, key=lambda found: (sum(r.macs for r in found[0]), len(found[0])))
-    else:
-        kept, ranged, _ = min(passing, key=lambda found: (round(100 * sum(r.macs for r in found[0]) / max(total, 1)),
-                                                          found[2], len(found[0])))
+        kept, ranged, _ = min(zip(passing, floats), key=lambda pair: (pair[1], len(pair[0][0])))[0]
+        return kept, ranged
+    near = [pair for pair in zip(passing, floats) if pair[1] <= min(floats) + SHARE_SLACK * total]
+    kept, ranged, _ = min(near, key=lambda pair: (pair[0][2], pair[1], len(pair[0][0])))[0]
     return kept, ranged
 
 
