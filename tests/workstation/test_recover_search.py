@@ -144,17 +144,18 @@ def test_rows_sharing_an_engine_name_are_kept_and_pruned_together():
     assert gate.rows_seen and all(("t" in k) == ("t #1" in k) for k in gate.rows_seen)
 
 
-def test_the_pruned_set_is_tried_with_the_whole_free_tier_and_the_faster_one_kept():
-    # prefixes find {a, b, d, c}; the free tier shortened drops b; pruning then drops d, which only b's noise made
-    # needed; every free layer in float runs faster (LiteRT's INT8 elementwise ops), so {a, b, c}, tried only by
-    # that last step, is kept: the same MACs in INT8 as {a, c}, faster, and fewer layers than {a, b, d, c}
+def test_pruning_starts_from_the_fastest_set_not_the_one_with_the_fewest_layers():
+    # prefixes find {a, b, d, c}; the free tier shortened drops b ({a, d, c}, the same MACs); every free layer in
+    # float runs faster (LiteRT's INT8 elementwise ops), so pruning works on {a, b, d, c} and finds {a, b, c}
     ranked = [row("a", 0), row("b", 0), row("c", 100), row("d", 1), row("e", 10000)]
     noise = {"a": 0.5, "b": 0.01, "c": 0.5, "d": 0.03, "e": 0.0}
     gate = Gate(noise, budget=0.05, p50=lambda kept: 10.0 - 4.0 * len(kept & {"a", "b"}))
     kept, _ = search(ranked, gate, never)
-    assert ("prune", frozenset({"a", "c"})) in gate.trials  # d went back to INT8 with b's noise gone
+    assert ("search", frozenset({"a", "d", "c"})) in gate.trials  # the shortened free tier passed
+    pruned = [k for step, k in gate.trials if step == "prune"]
+    assert pruned and all("b" in k for k in pruned), pruned
     assert {r.name for r in kept} == {"a", "b", "c"}
-    # when the whole free tier is no faster, the pruned set stands
+    # when every set runs as fast, the one with the fewest layers is pruned and kept
     slow = Gate(noise, budget=0.05, p50=lambda kept: 1.0)
     kept, _ = search(ranked, slow, never)
     assert {r.name for r in kept} == {"a", "c"}
