@@ -83,9 +83,9 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     options = dict(OPTIONS)  # read at call time: a test may build the saturating variant on purpose
     try:
         if layer_ranges:
-            layer_inputs(prepared, layer_ranges)  # an unknown name is refused before any calibration
+            read = layer_inputs(prepared, layer_ranges)  # an unknown name is refused before any calibration
             other = _ranges(source, samples, fp32, layer_calibration, layer_calibration_cache)
-            extra["TensorQuantOverrides"] = range_overrides(prepared, layer_ranges, other)
+            extra["TensorQuantOverrides"] = _overrides(read, layer_ranges, other)
         quantize_static(
             str(prepared), str(int8), Reader(), quant_format=QuantFormat.QDQ, per_channel=options["per_channel"],
             reduce_range=options["reduce_range"], activation_type=getattr(QuantType, options["activation_type"]),
@@ -158,8 +158,12 @@ def layer_inputs(model_path: Path, nodes: tuple[str, ...]) -> list[str]:
 def range_overrides(model_path: Path, nodes: tuple[str, ...], ranges) -> dict:
     """``TensorQuantOverrides`` giving every activation the named nodes read (:func:`layer_inputs`) its range from
     ``ranges`` (``TensorsData``). None of them calibrated is refused: the artifact would be the default one."""
+    return _overrides(layer_inputs(model_path, nodes), nodes, ranges)
+
+
+def _overrides(tensors: list[str], nodes: tuple[str, ...], ranges) -> dict:
     overrides = {t: [{"rmin": ranges.data[t].range_value[0], "rmax": ranges.data[t].range_value[1]}]
-                 for t in layer_inputs(model_path, nodes) if t in ranges.data}
+                 for t in tensors if t in ranges.data}
     if not overrides:
         raise ConversionError(f"onnx target: layer_ranges: no activation {', '.join(nodes)} read was calibrated")
     return overrides

@@ -18,7 +18,8 @@ from . import Built, kept_text, ranges_text
 # without VNNI (qemu Haswell) and on VNNI/AMX (benchmarks/int8_isa.py), so no weight-range trick is needed here.
 METHOD = "ai-edge-quantizer static_wi8_ai8 (int8 weights per-channel, int8 activations, running min/max calibration)"
 IO_TYPES = ("float", "int8")
-CALIBRATIONS = ("minmax", "mean_minmax")
+CALIBRATION_TEXT = {"minmax": "running min/max", "mean_minmax": "mean of per-sample min/max"}
+CALIBRATIONS = tuple(CALIBRATION_TEXT)
 # Keep the model's input and output tensors float: QUANTIZE/DEQUANTIZE ops inside the graph do the
 # conversion (XNNPACK runs them in one fused pass); everything between is int8.
 _FLOAT_IO = [
@@ -191,9 +192,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     return [
         Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
         Built("litert-int8", "litert", "int8", [int8],
-              (METHOD if calibration == "minmax" else METHOD.replace("running min/max", "mean of per-sample min/max"))
-              + f", {io} input/output tensors{notes}"
+              METHOD.replace("running min/max", CALIBRATION_TEXT[calibration]) + f", {io} input/output tensors{notes}"
               + kept_text(keep_float, "AI Edge Quantizer no_quantize")
-              + ranges_text(layer_ranges, "mean of per-sample min/max" if layer_calibration == "mean_minmax"
-                            else "running min/max")),
+              + ranges_text(layer_ranges, CALIBRATION_TEXT[layer_calibration])),
     ]
