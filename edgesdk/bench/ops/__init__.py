@@ -1,0 +1,274 @@
+"""``edgesdk bench --ops``: where the time of one inference goes, op by op, on every engine, INT8 beside float.
+
+Each engine reports through its own profiler, in a fresh child process per artifact (as ``edgesdk bench`` measures):
+LiteRT has none in Python, so each op is cut out and timed alone (:mod:`.litert`); ONNX Runtime's profiling JSON
+(:mod:`.onnxruntime`); OpenVINO's performance counters (:mod:`.openvino`). Every op row carries the same fields:
+``name``, ``type``, ``kernel`` (what ran it), ``precision`` (what it computed in), ``ms`` (median per inference),
+and ``fast``: False where the op ran outside the engine's fast kernels, with ``why``:
+
+- LiteRT: outside XNNPACK (LiteRT's builtin kernels, one op at a time, with a copy at each partition edge);
+- ONNX Runtime: in an INT8 artifact, a multiplying node (Conv, MatMul, Gemm...) that runs a float kernel because its
+  QDQ group was not fused into an integer kernel;
+- OpenVINO: a oneDNN reference kernel (``ref_*``), or in an INT8 artifact a multiplying layer that did not run in
+  int8.
+
+The report pairs each engine's ``-fp32`` and ``-int8`` artifacts: time per op type side by side, the ops aligned by
+name where both graphs have them, and the INT8 ops off the fast kernels counted (``slow_int8_ops``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ...choices import BackendReason
+from ...errors import BackendUnavailable, InputError
+
+MIN_RUNS = 30  # timed runs per op (LiteRT) or per model (ONNX Runtime, OpenVINO), after warm-up ...
+MIN_SECONDS = 0.02  # ... and at least this long
+CHILD_TIMEOUT_S = 1800
+PROFILERS = ("litert", "onnxruntime", "openvino")
+
+
+def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | None = None,
+                     min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS) -> dict:
+    """One artifact's op rows, in this process (the child's side of :func:`ops_report`), on the bundle's golden
+    input 0 (preprocessed, batch 1)."""
+    from ...bundle.reader import Bundle
+    from ...runtime.numerics import golden_feeds
+
+    bundle = Bundle.open(bundle_path)
+    art = bundle.artifact(artifact_id)
+    if art.engine not in PROFILERS:
+        raise BackendUnavailable("unsupported_artifact", f"no op profiler for engine {art.engine!r}")
+    feeds = golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
+    if art.engine == "litert":
+        from . import litert as engine
+
+        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds)
+    elif art.engine == "onnxruntime":
+        from . import onnxruntime as engine
+
+        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds)
+    else:
+        from . import openvino as engine
+
+        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds,
+                               precision_hint=art.runtime.get("precision_hint"))
+    for row in found["ops"]:
+        row["fast"], why = _fast(art.engine, art.precision, row)
+        if why:
+            row["why"] = why
+    timed = [r["ms"] for r in found["ops"] if r.get("ms") is not None]
+    return {"artifact": art.id, "engine": art.engine, "precision": art.precision, **found,
+            "ops_ms": round(sum(timed), 4), "slow_ops": sum(1 for r in found["ops"] if not r["fast"])}
+
+
+def _fast(engine: str, precision: str, row: dict) -> tuple[bool, str | None]:
+    """Whether ``row`` ran in the engine's fast kernels, and why not."""
+    if engine == "litert":
+        from .litert import KERNEL_FAST
+
+        if row["kernel"] == KERNEL_FAST:
+            return True, None
+        return False, f"outside XNNPACK: XNNPACK takes no {row['precision']} {row['type']} here, so LiteRT's builtin " \
+                      "kernel runs it, with a copy at each edge of an XNNPACK partition"
+    if engine == "onnxruntime":
+        from .onnxruntime import MULTIPLYING
+
+        if precision == "int8" and row["type"] in MULTIPLYING and not row.get("integer_kernel") \
+                and row["precision"].startswith("float"):
+            return False, f"float {row['type']} kernel in an INT8 model: its QuantizeLinear/DequantizeLinear group " \
+                          "was not fused into an integer kernel"
+        return True, None
+    from .openvino import MULTIPLYING as OV_MULTIPLYING
+
+    if row.get("reference_kernel"):
+        return False, f"oneDNN reference kernel ({row['kernel']}): no optimized {row['precision']} {row['type']} here"
+    if precision == "int8" and row["type"] in OV_MULTIPLYING and row["precision"] not in ("int8", "uint8"):
+        return False, f"{row['type']} ran in {row['precision']}, not int8 (its FakeQuantize was not folded into it)"
+    return True, None
+
+
+# -- the parent: which artifacts, children, pairing ----------------------------------------------------------------
+
+def artifacts_to_profile(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | None) -> list[str]:
+    """The artifacts ``--ops`` profiles: for each engine named by ``backends`` (None: every engine installed here
+    that can run one of the bundle's artifacts), all of that engine's artifacts in the bundle (its fp32 and int8)."""
+    from ...bundle.reader import Bundle
+    from ...engines import backend_names
+
+    bundle = Bundle.open(bundle_path)
+    engines = [b[0] for b in backends] if backends else [e for e in backend_names() if e in PROFILERS]
+    chosen = [a.id for a in bundle.artifacts if a.engine in engines]
+    if not chosen:
+        raise BackendUnavailable(BackendReason.NO_CANDIDATE,
+                                 f"no artifact of {Path(bundle_path).name} for {', '.join(engines) or 'any engine'} "
+                                 "that edgesdk can profile (litert, onnxruntime, openvino)")
+    return chosen
+
+
+def ops_report(bundle_path: str | Path, artifacts: Sequence[str], threads: int | None = None,
+               min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS,
+               progress: Callable[[str], None] | None = None) -> dict:
+    """Profile each artifact in a fresh child process and pair each engine's fp32 and int8 artifacts."""
+    from ..warm import _machine
+
+    say = progress or (lambda text: None)
+    bundle_path = str(Path(bundle_path).resolve())
+    profiles, failed = [], []
+    for i, artifact in enumerate(artifacts, 1):
+        say(f"[{i}/{len(artifacts)}] {artifact}: profiling op by op")
+        try:
+            profiles.append(_child(bundle_path, artifact, threads, min_runs, min_seconds))
+        except BackendUnavailable as exc:
+            failed.append({"artifact": artifact, "reason": exc.reason, "detail": exc.detail})
+            say(f"  failed: {exc.reason}: {exc.detail[:200]}")
+    return {"bundle": bundle_path, "machine": _machine(), "profiles": profiles, "failed": failed,
+            "comparisons": compare(profiles)}
+
+
+def compare(profiles: list[dict]) -> list[dict]:
+    """Per engine with both an fp32 and an int8 profile: time per op type side by side, the ops aligned by name,
+    and the int8 ops off the fast kernels."""
+    by_engine: dict[str, dict[str, dict]] = defaultdict(dict)
+    for p in profiles:
+        by_engine[p["engine"]][p["precision"]] = p
+    out = []
+    for engine, pair in by_engine.items():
+        if "fp32" not in pair or "int8" not in pair:
+            continue
+        fp32, int8 = pair["fp32"], pair["int8"]
+        types: dict[str, dict[str, Any]] = defaultdict(lambda: {"fp32_ms": 0.0, "int8_ms": 0.0, "fp32_ops": 0,
+                                                               "int8_ops": 0})
+        for side, prof in (("fp32", fp32), ("int8", int8)):
+            for row in prof["ops"]:
+                entry = types[row["type"]]
+                entry[f"{side}_ms"] += row.get("ms") or 0.0
+                entry[f"{side}_ops"] += 1
+        fp32_by_name = {_align(engine, r["name"]): r for r in fp32["ops"]}
+        aligned = []
+        for row in int8["ops"]:
+            twin = fp32_by_name.get(_align(engine, row["name"]))
+            if twin is not None and row.get("ms") is not None and twin.get("ms") is not None:
+                aligned.append({"name": row["name"], "type": row["type"], "fp32_ms": twin["ms"], "int8_ms": row["ms"],
+                                "int8_kernel": row["kernel"], "fp32_kernel": twin["kernel"], "fast": row["fast"]})
+        slow = [r for r in int8["ops"] if not r["fast"]]
+        out.append({"engine": engine, "fp32": fp32["artifact"], "int8": int8["artifact"],
+                    "whole_ms": {"fp32": fp32.get("whole_ms"), "int8": int8.get("whole_ms")},
+                    "ratio": (int8["whole_ms"] / fp32["whole_ms"]) if fp32.get("whole_ms") and int8.get("whole_ms")
+                    else None,
+                    "by_type": sorted(({"type": t, **v} for t, v in types.items()),
+                                      key=lambda e: -max(e["fp32_ms"], e["int8_ms"])),
+                    "aligned": aligned, "slow_int8_ops": len(slow),
+                    "slow_int8_types": sorted({f"{r['type']} ({r['precision']})" for r in slow})})
+    return out
+
+
+_SUFFIXES = ("_quant", "_QuantizeLinear", "_DequantizeLinear")
+
+
+def _align(engine: str, name: str) -> str:
+    """A node's name as both of an engine's artifacts spell it (ONNX Runtime's quantizer renames fused nodes)."""
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _child(bundle_path: str, artifact: str, threads: int | None, min_runs: int, min_seconds: float) -> dict:
+    from ...child_process import run_child
+
+    args = {"bundle": bundle_path, "artifact": artifact, "threads": threads, "min_runs": min_runs,
+            "min_seconds": min_seconds}
+    try:
+        run = run_child("from edgesdk.bench.ops import _child_main\n_child_main(ARGS, answer)\n", args,
+                        timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise BackendUnavailable("bench_timeout", f"the profiling child did not finish in {CHILD_TIMEOUT_S} s") \
+            from exc
+    if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
+        err = run.answer if isinstance(run.answer, dict) else {}
+        reason = BackendReason.lookup(err.get("reason") or "") or BackendReason.BENCH_FAILED
+        raise BackendUnavailable(reason, err.get("detail") or
+                                 f"the profiling child {run.how_it_ended()}: {run.stderr[-1500:].strip()}")
+    return run.answer
+
+
+def _child_main(args: dict, answer) -> None:
+    from ...errors import EdgeSDKError
+
+    try:
+        found = profile_artifact(args["bundle"], args["artifact"], args["threads"], args["min_runs"],
+                                 args["min_seconds"])
+    except EdgeSDKError as exc:
+        answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", None), "detail": str(exc)})
+        return
+    answer(found)
+
+
+# -- output ----------------------------------------------------------------------------------------------------
+
+def table(report: dict, top: int = 12) -> str:
+    """Per engine: the whole model's time and the sum of its ops, time by op type int8 beside fp32, the slowest
+    int8 ops beside their fp32 twins, and every int8 op off the fast kernels with why."""
+    if top < 0:
+        raise InputError(f"top must be >= 0, got {top}")
+    lines = []
+    paired = {c["engine"] for c in report["comparisons"]}
+    for comp in report["comparisons"]:
+        prof = {p["artifact"]: p for p in report["profiles"]}
+        fp32, int8 = prof[comp["fp32"]], prof[comp["int8"]]
+        ratio = f"{comp['ratio']:.2f}" if comp["ratio"] is not None else "-"
+        lines.append(f"== {comp['engine']}: {comp['int8']} against {comp['fp32']}: whole model "
+                     f"{_ms(int8.get('whole_ms'))} vs {_ms(fp32.get('whole_ms'))} ms (int8/fp32 {ratio}); "
+                     f"ops summed {_ms(int8['ops_ms'])} vs {_ms(fp32['ops_ms'])} ms")
+        lines.append(f"   {'op type':<28} {'fp32 ms':>9} {'n':>4} {'int8 ms':>9} {'n':>4} {'int8/fp32':>9}")
+        for e in comp["by_type"][: max(top, 1)]:
+            r = f"{e['int8_ms'] / e['fp32_ms']:.2f}" if e["fp32_ms"] > 0 and e["int8_ops"] else "-"
+            lines.append(f"   {e['type'][:28]:<28} {_ms(e['fp32_ms']):>9} {e['fp32_ops']:>4} {_ms(e['int8_ms']):>9} "
+                         f"{e['int8_ops']:>4} {r:>9}")
+        slowest = sorted(comp["aligned"], key=lambda a: -a["int8_ms"])[:top]
+        if slowest:
+            lines.append(f"   slowest int8 ops beside fp32 (aligned by name, {len(comp['aligned'])} of "
+                         f"{len(int8['ops'])}):")
+            for a in slowest:
+                lines.append(f"     {a['name'][:48]:<48} {a['type'][:20]:<20} {_ms(a['fp32_ms']):>8} -> "
+                             f"{_ms(a['int8_ms']):>8} ms  {a['int8_kernel'][:36]}")
+        lines.append(f"   int8 ops off the fast kernels: {comp['slow_int8_ops']}"
+                     + (f" ({', '.join(comp['slow_int8_types'])})" if comp["slow_int8_types"] else ""))
+        lines.extend(_slow_lines(int8, top))
+        lines.extend(f"   note: {n}" for n in int8.get("notes", []) + fp32.get("notes", []))
+    for p in report["profiles"]:
+        if p["engine"] in paired:
+            continue
+        lines.append(f"== {p['engine']}: {p['artifact']} ({p['precision']}): whole model {_ms(p.get('whole_ms'))} ms, "
+                     f"ops summed {_ms(p['ops_ms'])} ms, {p['slow_ops']} op(s) off the fast kernels")
+        for row in sorted(p["ops"], key=lambda r: -(r.get("ms") or 0))[:top]:
+            lines.append(f"     {row['name'][:48]:<48} {row['type'][:20]:<20} {_ms(row.get('ms')):>8} ms  "
+                         f"{row['kernel'][:36]} {row['precision']}")
+        lines.extend(_slow_lines(p, top))
+    for f in report["failed"]:
+        lines.append(f"failed {f['artifact']}: {f['reason']}: {f['detail'][:200]}")
+    m = report["machine"]
+    lines.append(f"measured on {m['isa_class']} ({m['processor']}, {m['cpus']} cpus); golden input 0, batch 1; "
+                 "per-op times are medians, an op's alone (LiteRT) or its kernel's (ONNX Runtime, OpenVINO)")
+    return "\n".join(lines)
+
+
+def _slow_lines(profile: dict, top: int) -> list[str]:
+    slow = [r for r in profile["ops"] if not r["fast"]]
+    lines = [f"     off the fast kernels: {r['name'][:48]} ({r['type']}, {r['precision']}, {_ms(r.get('ms'))} ms): "
+             f"{r['why']}" for r in sorted(slow, key=lambda r: -(r.get("ms") or 0))[:top]]
+    if len(slow) > top:
+        lines.append(f"     ... and {len(slow) - top} more (--json lists every op)")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+__all__ = ["ops_report", "profile_artifact", "artifacts_to_profile", "compare", "table", "PROFILERS"]
