@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,101 @@ def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+# an op type is kept float when its int8 ops take this many times its float ops' time (alone, summed), and the
+# difference is at least MIN_SHARE of the int8 model's time: Q/DQ pairs around a float op cost something too
+SLOWER = 1.3
+MIN_SHARE = 0.02
+
+
+def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], requantize) -> dict:
+    """Which op types the INT8 model keeps float so that XNNPACK runs it fast, measured op by op on this CPU
+    (:mod:`edgesdk.bench.ops.litert`): ``{"kept": {type: reason}, "text": ..., "ms": {...}}``.
+
+    Two kinds, both left to AI Edge Quantizer's ``no_quantize`` by op type (the op then runs in float inside
+    XNNPACK between a DEQUANTIZE and a QUANTIZE, which XNNPACK runs too):
+
+    - types every int8 op of which runs outside XNNPACK while the float model runs them inside (XNNPACK has a
+      float kernel and no int8 one: HARD_SWISH in LiteRT 2.3): on the PP-OCRv4 detector its 24 HARD_SWISH split the
+      INT8 graph into 31 XNNPACK partitions;
+    - types whose int8 ops take ``SLOWER`` times the float ones' time: XNNPACK's int8 TRANSPOSE_CONV took 32.8 ms
+      against 8.9 ms in float on the detector (where every int8 CONV_2D together took 2.4 ms against 19.0).
+
+    ``requantize(kept)`` writes the model with ``kept`` types float and returns its path; the choice is kept only
+    when that model is faster as a whole than ``int8_model`` (timed interleaved), else nothing is kept."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_quantizer.utils.tfl_flatbuffer_utils import TFL_OP_NAME_TO_CODE
+    from edgesdk.bench.ops import litert as profiler
+
+    from ..tflite_model import operators
+
+    # LiteRT's operator name -> AI Edge Quantizer's (TRANSPOSE_CONV is its CONV_2D_TRANSPOSE)
+    builtin = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    nameable = {builtin[code]: str(getattr(name, "value", name)) for name, code in TFL_OP_NAME_TO_CODE.items()
+                if code in builtin}
+    every = Counter(op.name for op in operators(int8_model) if op.subgraph == 0)
+    outside_int8, outside_float = profiler.outside_xnnpack(int8_model), profiler.outside_xnnpack(float_model)
+    kept = {t: f"XNNPACK has no int8 kernel for it ({n} op(s) would run outside XNNPACK)"
+            for t, n in sorted(outside_int8.items())
+            if n == every[t] and not outside_float.get(t) and t not in ("QUANTIZE", "DEQUANTIZE") and t in nameable}
+    ms = {}
+    try:
+        timed = {side: profiler.profile(path, sample, None, 10, 0.005)
+                 for side, path in (("fp32", float_model), ("int8", int8_model))}
+    except Exception as exc:  # the choice is a speed-up: a model the profiler cannot cut keeps what it has
+        timed, why = None, f"{type(exc).__name__}: {exc}"
+    if timed:
+        per_type = {side: Counter() for side in timed}
+        for side, found in timed.items():
+            for row in found["ops"]:
+                per_type[side][row["type"]] += row.get("ms") or 0.0
+        whole = timed["int8"]["whole_ms"]
+        for t, int8_ms in per_type["int8"].items():
+            fp32_ms = per_type["fp32"].get(t)
+            if (t in nameable and t not in kept and t not in ("QUANTIZE", "DEQUANTIZE") and fp32_ms
+                    and int8_ms > SLOWER * fp32_ms and int8_ms - fp32_ms > MIN_SHARE * whole):
+                kept[t] = f"slower in int8 here ({int8_ms:.2f} ms against {fp32_ms:.2f} ms in float, ops alone)"
+                ms[t] = {"fp32": round(fp32_ms, 3), "int8": round(int8_ms, 3)}
+    if not kept:
+        return {"kept": {}, "text": "" if timed else f"per-op speed not measured ({why[:200]})", "ms": ms}
+    candidate = requantize(kept)
+    before, after = _interleaved(int8_model, candidate)
+    if after >= before:
+        return {"kept": {}, "ms": ms, "text": f"keeping {', '.join(kept)} float was not faster as a whole "
+                                               f"({after:.2f} ms against {before:.2f} ms): every op type quantized"}
+    return {"kept": kept, "ms": ms, "text": "op types kept float for speed on this CPU (" + "; ".join(
+        f"{t}: {why}" for t, why in kept.items()) + f"; the model {before:.2f} -> {after:.2f} ms)"}
+
+
+def _quantize(quantizer, float_input: str, chosen: list[dict], kept: dict, qsvs: dict, out: Path) -> Path:
+    """AI Edge Quantizer's model of ``float_input`` with the op types ``kept`` (LiteRT's names) left float."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_quantizer.utils.tfl_flatbuffer_utils import TFL_OP_NAME_TO_CODE
+
+    names = {getattr(schema.BuiltinOperator, t, None) for t in kept}
+    operations = [str(getattr(n, "value", n)) for n, code in TFL_OP_NAME_TO_CODE.items() if code in names]
+    qt = quantizer.Quantizer(float_input, chosen + [{"regex": ".*", "operation": o, "algorithm_key": "no_quantize"}
+                                                    for o in operations])
+    qt.quantize(qsvs).export_model(str(out), overwrite=True)
+    return out
+
+
+def _interleaved(first: Path, second: Path, rounds: int = 5) -> tuple[float, float]:
+    """Median ms per inference of two models on XNNPACK, timed in alternating rounds (noise hits both alike)."""
+    from ai_edge_litert.interpreter import Interpreter
+    from edgesdk.bench.ops.litert import time_call
+
+    runs = []
+    for path in (first, second):
+        interp = Interpreter(model_path=str(path), num_threads=os.cpu_count() or 1)
+        interp.allocate_tensors()
+        runs.append(interp)
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for i, interp in enumerate(runs):
+            times[i].append(time_call(interp.invoke, 5, 0.02))
+    return float(np.median(times[0])), float(np.median(times[1]))
+
+
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
           io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None,
           statistics: dict | None = None, calibration: str = "minmax", layer_ranges: tuple[str, ...] = (),
@@ -186,9 +282,20 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
                 qsvs = {**qsvs, **{t: other[t] for t in swapped if t in other}}
             qt = quantizer.Quantizer(float_input, chosen)
             qt.quantize(qsvs).export_model(str(int8), overwrite=True)
+            # Op types XNNPACK runs slower in int8, or not at all: kept float (decided once, on the first build;
+            # recovery's trials reuse the decision through ``statistics``)
+            if "speed" not in statistics:
+                statistics["speed"] = speed_choice(Path(float_input), int8, samples[0],
+                                                   lambda kept: _quantize(quantizer, float_input, chosen, kept, qsvs,
+                                                                          Path(scratch) / "kept.tflite"))
+            kept_types = statistics["speed"]["kept"]
+            if kept_types:
+                _quantize(quantizer, float_input, chosen, kept_types, qsvs, int8)
         except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
             raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
-    notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared)] if note)
+    kept_note = statistics["speed"]["text"]
+    notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared), kept_note]
+                    if note)
     return [
         Built("litert-fp32", "litert", "fp32", [fp32], "float reference"),
         Built("litert-int8", "litert", "int8", [int8],
