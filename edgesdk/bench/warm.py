@@ -20,6 +20,12 @@ threads and memory do not colour the next one's numbers, and the peak RSS is tha
 
 ``--all`` runs every viable backend and marks the fastest (by single-stream p50). An artifact that failed its
 validation gate at quantize time is measured only with ``allow_failed`` (CLI ``--allow-failed``), as it is served.
+
+Each backend is loaded as asked and only so (``edgesdk.load(..., engine=, device=, artifact=, fallback=False,
+speed_check="off")``): no other artifact stands in for one that does not load, and no speed decision (an INT8
+measured slower than FP32 here, cached by an earlier load) moves it. One that does not load (its numerics check
+refuses it, the engine cannot read or compile it, the device is missing) is reported in ``failed`` with load's
+reason and detail, and the other backends are still measured.
 The report is a dict (``--json`` prints it) whose ``backends`` entries carry ``engine``, ``device``, ``artifact``,
 ``precision``, ``p50_ms``, ``p90_ms``, ``p99_ms``, ``queries``, ``throughput``, ``cold_start_ms`` and
 ``peak_rss_mb``, among others.
@@ -109,12 +115,16 @@ def measure_backend(bundle_path: str, engine: str, device: str, artifact: str, o
     x = golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]  # each input's exact shape and dtype
     x = x[0] if len(x) == 1 else x
     before = rss_mb()
-    load = {"engine": engine, "device": device, "artifact": artifact, "require": engine, "policy": "auto",
-            "threads": options.threads, "allow_failed": options.allow_failed}
+    # Exactly this backend: no other candidate stands in when it does not load (fallback=False: load raises its
+    # reason), and no speed decision, timed now or cached by an earlier load here, moves it (with an artifact named
+    # none applies; "off" says so).
+    load = {"engine": engine, "device": device, "artifact": artifact, "fallback": False, "speed_check": "off",
+            "policy": "auto", "threads": options.threads, "allow_failed": options.allow_failed}
     model = edgesdk.load(bundle_path, **load)
     model_mb = max(rss_mb() - before, 0.0)
     placement = model.placement
-    if (placement.engine, placement.artifact) != (engine, artifact):
+    if (placement.engine, placement.artifact) != (engine, artifact):  # a guard: fallback=False rules this out
+        model.close()
         raise BackendUnavailable("not_placed", f"asked for {engine}:{device}:{artifact}, load placed it on "
                                  f"{placement.engine}:{placement.device}:{placement.artifact}")
     row: dict[str, Any] = {"engine": engine, "device": placement.device, "kind": placement.kind,
@@ -313,7 +323,7 @@ def _child_main(args: dict, answer) -> None:
         row = measure_backend(args["bundle"], args["engine"], args["device"], args["artifact"], options)
     except EdgeSDKError as exc:
         answer({"error": type(exc).__name__, "reason": getattr(exc, "reason", None),
-                "detail": str(exc)})
+                "detail": getattr(exc, "detail", None) or str(exc)})  # str() would repeat the reason
         return
     answer(row)
 

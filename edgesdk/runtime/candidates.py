@@ -1,8 +1,9 @@
 """The candidates a load tries, in order: listed from the bundle and what the engines report here (with the
 platform profile and its thread count), devices an earlier probe found missing set aside, ordered per policy
-(:mod:`edgesdk.runtime.selection`), ``require`` met, artifacts that failed their validation gate screened, and reordered by
-autotune's timing under ``policy="autotune"``. The speed checks that reorder them further are
-:mod:`edgesdk.runtime.speed`'s. What was set aside on the way is kept as skips, for the placement and the errors.
+(:mod:`edgesdk.runtime.selection`), ``require`` met, kept to the named choices with ``fallback=False``, artifacts
+that failed their validation gate screened, and reordered by autotune's timing under ``policy="autotune"``. The speed
+checks that reorder them further are :mod:`edgesdk.runtime.speed`'s. What was set aside on the way is kept as skips,
+for the placement and the errors.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def shortlist(bundle: Bundle, opts: RuntimeOptions) -> Shortlist:
     ordered = selection.order(kept, opts.policy, profile, engine=opts.engine, device=opts.device,
                               artifact=opts.artifact)
     eligible = [c for c in ordered if selection.meets(c, opts.require)]
+    if not opts.fallback:
+        eligible, skipped = _named_only(bundle, opts, eligible, skipped)
     failed_gates = selection.failed_artifacts(bundle)
     eligible, refused = selection.screen_failed(eligible, failed_gates, opts.allow_failed)
     skipped += refused
@@ -77,6 +80,17 @@ def shortlist(bundle: Bundle, opts: RuntimeOptions) -> Shortlist:
         raise failure.every_artifact_failed(bundle, skipped, opts.require, unverified) or \
             failure.unmet(opts.require, discoveries, skipped)
     return Shortlist(bundle, discoveries, profile, threads, kept, eligible, skipped, unverified, failed_gates)
+
+
+def _named_only(bundle: Bundle, opts: RuntimeOptions, eligible: list[Candidate],
+                skipped: list[Skip]) -> tuple[list[Candidate], list[Skip]]:
+    """``fallback=False``: the candidates (and the skips) of the named engine, device and artifact alone. Raises
+    when candidates remain but none is named (the named engine does not run the named artifact, or is missing); none
+    at all is left to the errors of ``require`` and of the walk."""
+    named = [c for c in eligible if selection.named(c, opts.engine, opts.device, opts.artifact)]
+    if eligible and not named:
+        raise failure.none_named(bundle, opts.engine, opts.device, opts.artifact, skipped)
+    return named, [s for s in skipped if selection.named(s.candidate, opts.engine, opts.device, opts.artifact)]
 
 
 def autotuned(found: Shortlist, opts: RuntimeOptions, engine_options: dict[str, Any]) -> dict | None:

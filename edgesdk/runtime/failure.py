@@ -1,7 +1,8 @@
 """Why nothing serves: the one error a load raises when no candidate could serve a bundle, synthesized from what
 stopped each candidate (its :class:`~edgesdk.runtime.placement.Skip`): an unmet ``require``, a memory budget no artifact
 fits, artifacts that all failed their validation gate, a file that crashed its isolated probe, or the first
-engine's own reason. Every error names the bundle and the candidates it tried.
+engine's own reason (with ``fallback=False``: the named candidate's). Every error names the bundle and the candidates
+it tried.
 """
 
 from __future__ import annotations
@@ -28,6 +29,26 @@ def unmet(require: str, discoveries: dict[str, Any], skipped: list[Skip]) -> Bac
                                                             f"{': ' + '; '.join(notes) if notes else ''}")
 
 
+def none_named(bundle: Bundle, engine: str | None, device: str | None, artifact: str | None,
+               skipped: list[Skip]) -> BackendUnavailable:
+    """The error when ``fallback=False`` names no candidate here: the named engine's own skip of the named artifact
+    (its package missing, say), else ``unsupported_artifact``."""
+    asked = named_choices(engine, device, artifact)
+    own = next((s for s in skipped if engine in (None, s.candidate.engine)
+                and artifact in (None, s.candidate.artifact)), None)
+    if own is not None:
+        return BackendUnavailable(own.reason, f"{own.detail} ({asked}, fallback=False)")
+    return BackendUnavailable(BackendReason.UNSUPPORTED_ARTIFACT,
+                              f"no candidate of {bundle.name!r} here is {asked} (fallback=False): the engine does "
+                              f"not run that artifact, or the device is not one of its")
+
+
+def named_choices(engine: str | None, device: str | None, artifact: str | None) -> str:
+    """``engine='x', artifact='y'``: the choices a load named, as the errors show them."""
+    return ", ".join(f"{k}={v!r}" for k, v in (("engine", engine), ("device", device), ("artifact", artifact))
+                     if v is not None)
+
+
 def every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | None,
                           unverified: set[tuple[str, str]]) -> BackendUnavailable | None:
     """The error when what stopped every candidate (under ``require``) is that its artifact failed its validation
@@ -50,11 +71,12 @@ def every_artifact_failed(bundle: Bundle, skipped: list[Skip], require: str | No
 
 
 def nothing_serves(bundle: Bundle, skipped: list[Skip], over_budget: list[BudgetExceeded], require: str | None,
-                   unverified: set[tuple[str, str]]) -> Exception:
+                   unverified: set[tuple[str, str]], only: str | None = None) -> Exception:
     """The error when the walk tried every candidate and none serves. Memory is the answer when every candidate
     that exists here was ruled out by the budget; a file that crashed its isolated probe is the bundle's fault
     (:class:`BundleError`); else :class:`BackendUnavailable` with the first reason of a backend that is here and
-    failed (before any engine or device that is missing), listing every candidate."""
+    failed (before any engine or device that is missing), listing every candidate. ``only``: the named choices
+    (:func:`named_choices`) when ``fallback=False`` kept the load to them."""
     absent = (BudgetReason.MEMORY, BackendReason.DEVICE_MISSING, BackendReason.ENGINE_MISSING,
               BackendReason.VALIDATION_FAILED)
     if over_budget and all(s.reason in absent for s in skipped if selection.meets(s.candidate, require)):
@@ -78,7 +100,8 @@ def nothing_serves(bundle: Bundle, skipped: list[Skip], over_budget: list[Budget
     detail = "; ".join(f"{s.candidate.label()}: {s.reason} ({s.detail})" for s in tried) or "no candidate"
     return BackendUnavailable(first.reason if first else BackendReason.NO_CANDIDATE,
                               f"no backend can serve {bundle.name!r}"
-                              f"{' under require=' + repr(require) if require else ''}: {detail}")
+                              f"{' under require=' + repr(require) if require else ''}"
+                              f"{f' as {only} (fallback=False: nothing else tried)' if only else ''}: {detail}")
 
 
-__all__ = ["unmet", "every_artifact_failed", "nothing_serves"]
+__all__ = ["unmet", "none_named", "named_choices", "every_artifact_failed", "nothing_serves"]

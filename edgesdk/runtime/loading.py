@@ -200,7 +200,9 @@ def load_device(path: str | Path, opts: RuntimeOptions, in_use_mb: Callable[[], 
         if held is not None:
             held[0].engine.close()
         raise
-    raise failure.nothing_serves(bundle, skipped, over_budget, opts.require, found.unverified)
+    raise failure.nothing_serves(bundle, skipped, over_budget, opts.require, found.unverified,
+                                 None if opts.fallback else failure.named_choices(opts.engine, opts.device,
+                                                                                  opts.artifact))
 
 
 __all__ = ["load", "load_device"]

@@ -68,6 +68,12 @@ class RuntimeOptions:
     serve (a named one first, others only after every artifact that passed) and warns with
     :class:`~edgesdk.errors.FailedArtifactWarning` when one is loaded. A thermal budget never switches to one.
 
+    ``engine``, ``device`` and ``artifact`` name a choice, tried first; when it does not serve, the other candidates
+    remain as fallbacks. ``fallback=False`` takes them away: only candidates matching every named choice are tried,
+    and when none serves, load raises what stopped them (:class:`BackendUnavailable` with the engine's or the
+    numerics check's reason and detail) instead of serving another artifact. ``edgesdk bench`` loads this way, so
+    it measures what it was asked to; at least one of the three must be named.
+
     ``speed_check`` (policies ``auto``, ``cpu-only``, ``prefer-npu``, ``prefer-gpu``; see
     :mod:`edgesdk.runtime.precision_choice`): ``"full"`` (default) times, at the first load on a machine, every candidate of
     the first device kind alone (each engine's INT8 and FP32) and serves the fastest, the profile's first unless
@@ -96,6 +102,7 @@ class RuntimeOptions:
     trust: Trust | None = None
     isolate: bool = False
     allow_failed: bool = False
+    fallback: bool = True
     speed_check: SpeedCheck | str = SpeedCheck.FULL
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
@@ -108,6 +115,10 @@ class RuntimeOptions:
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or not 1 <= self.threads <= MAX_THREADS):
             raise InputError(f"threads must be an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
+        if not isinstance(self.fallback, bool):
+            raise InputError(f"fallback must be True or False, got {self.fallback!r}")
+        if not self.fallback and self.engine is None and self.device is None and self.artifact is None:
+            raise InputError("fallback=False keeps load to the named engine, device or artifact; none is named")
 
 
 def merge_options(options: RuntimeOptions | None, overrides: dict[str, Any]) -> RuntimeOptions:

@@ -13,7 +13,8 @@ A candidate is (backend, device, artifact). Policies order them:
 =================  ==================================================================
 
 Within a device kind, engines follow the profile's order. Explicit ``engine``/``device``/
-``artifact`` choices go first; without ``require`` the others remain as fallbacks.
+``artifact`` choices go first; without ``require`` the others remain as fallbacks, and with ``fallback=False``
+there are no others (:func:`named`).
 
 An artifact whose validation gate failed at quantize time (``validation.<id>.passed`` false) is never a
 candidate: it is skipped with reason ``validation_failed`` (see :func:`screen_failed`). ``allow_failed``
@@ -117,10 +118,8 @@ def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str 
     engines = tuple(getattr(profile, "engines", None) or ())
 
     def rank(c: Candidate) -> tuple:
-        explicit = (engine in (None, c.engine)) and (device in (None, c.device, c.kind)) and \
-                   (artifact in (None, c.artifact))
         return (
-            0 if explicit else 1,
+            0 if named(c, engine, device, artifact) else 1,
             kinds.index(c.kind) if c.kind in kinds else len(kinds),
             precisions.index(c.precision) if c.precision in precisions else len(precisions),
             engines.index(c.engine) if c.engine in engines else len(engines),
@@ -130,6 +129,12 @@ def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str 
     if policy == Policy.CPU_ONLY:
         ranked = [c for c in ranked if c.kind == "CPU"]
     return ranked
+
+
+def named(c: Candidate, engine: str | None, device: str | None, artifact: str | None) -> bool:
+    """Whether ``c`` is what the explicit choices name (``device`` by name or kind; a choice left None names every
+    candidate)."""
+    return engine in (None, c.engine) and device in (None, c.device, c.kind) and artifact in (None, c.artifact)
 
 
 def meets(c: Candidate, require: str | None) -> bool:
