@@ -134,15 +134,35 @@ def bench(
                                       "validation gate at quantize time too (refused otherwise)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a latency CDF per backend to this PNG."),
+    ops: bool = typer.Option(False, "--ops", help="Where the time goes, op by op: each engine's fp32 and int8 "
+                             "artifacts (of --backend's engine; of every engine here with --all or by default) "
+                             "profiled side by side, with the ops that ran outside the engine's fast kernels and why."),
+    top: int = typer.Option(12, "--top", help="With --ops: how many op types and ops each table lists."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
     """Measure a bundle on this device, MLPerf-style: single-stream latency p50/p90/p99, offline throughput, cold
-    start with and without the compile cache, peak memory; each backend in a fresh process."""
+    start with and without the compile cache, peak memory; each backend in a fresh process. ``--ops``: per-op time
+    instead, int8 beside fp32 on each engine."""
     from ..bench.warm import BenchOptions, parse_backend, plot, table, viable_backends
     from ..bench.warm import bench as run_bench
 
     if backend and all_backends:
         raise InputError("give --backend or --all, not both")
+    if ops:
+        from ..bench.ops import artifacts_to_profile, ops_report
+        from ..bench.ops import table as ops_table
+
+        if plot_path is not None:
+            raise InputError("--plot draws latency CDFs; it does not apply to --ops")
+        if top < 1:
+            raise InputError(f"--top must be >= 1, got {top}")
+        chosen_ops = artifacts_to_profile(bundle, [parse_backend(backend)] if backend else None)
+        report = ops_report(bundle, chosen_ops, threads=threads,
+                            progress=None if quiet else (lambda text: print(text, file=sys.stderr, flush=True)))
+        print(json.dumps(report, indent=2) if as_json else ops_table(report, top))
+        if not report["profiles"]:
+            raise typer.Exit(3)
+        return
     options = BenchOptions(scenario=scenario, duration_s=duration, cold_start=not no_cold, threads=threads,
                            allow_failed=allow_failed)
     chosen = None

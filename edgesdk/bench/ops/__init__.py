@@ -30,6 +30,7 @@ MIN_RUNS = 30  # timed runs per op (LiteRT) or per model (ONNX Runtime, OpenVINO
 MIN_SECONDS = 0.02  # ... and at least this long
 CHILD_TIMEOUT_S = 1800
 PROFILERS = ("litert", "onnxruntime", "openvino")
+INTEGER_TYPES = ("int8", "uint8", "int16")  # what a quantized op computes in (int32 index math is not INT8's)
 
 
 def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | None = None,
@@ -41,29 +42,53 @@ def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | N
 
     bundle = Bundle.open(bundle_path)
     art = bundle.artifact(artifact_id)
-    if art.engine not in PROFILERS:
-        raise BackendUnavailable("unsupported_artifact", f"no op profiler for engine {art.engine!r}")
     feeds = golden_feeds(bundle.golden(), len(bundle.manifest["inputs"]))[0]
-    if art.engine == "litert":
-        from . import litert as engine
+    return {"artifact": art.id, **profile_model(art.engine, art.model_path, art.precision, feeds, threads, min_runs,
+                                                min_seconds, precision_hint=art.runtime.get("precision_hint"))}
 
-        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds)
-    elif art.engine == "onnxruntime":
-        from . import onnxruntime as engine
 
-        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds)
+def profile_model(engine: str, model_path: Path, precision: str, feeds: list, threads: int | None = None,
+                  min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS, precision_hint: str | None = None) -> dict:
+    """The op rows of one model file on ``engine``'s CPU, in this process, with ``fast``/``why`` set per row
+    (``precision``: the artifact's, fp32 or int8; ``precision_hint``: OpenVINO's, as the artifact records it)."""
+    if engine not in PROFILERS:
+        raise BackendUnavailable("unsupported_artifact", f"no op profiler for engine {engine!r}")
+    if engine == "litert":
+        from . import litert as profiler
+
+        found = profiler.profile(Path(model_path), feeds, threads, min_runs, min_seconds)
+    elif engine == "onnxruntime":
+        from . import onnxruntime as profiler
+
+        found = profiler.profile(Path(model_path), feeds, threads, min_runs, min_seconds)
     else:
-        from . import openvino as engine
+        from . import openvino as profiler
 
-        found = engine.profile(art.model_path, feeds, threads, min_runs, min_seconds,
-                               precision_hint=art.runtime.get("precision_hint"))
+        found = profiler.profile(Path(model_path), feeds, threads, min_runs, min_seconds,
+                                 precision_hint=precision_hint)
     for row in found["ops"]:
-        row["fast"], why = _fast(art.engine, art.precision, row)
+        row["fast"], why = _fast(engine, precision, row)
         if why:
             row["why"] = why
     timed = [r["ms"] for r in found["ops"] if r.get("ms") is not None]
-    return {"artifact": art.id, "engine": art.engine, "precision": art.precision, **found,
-            "ops_ms": round(sum(timed), 4), "slow_ops": sum(1 for r in found["ops"] if not r["fast"])}
+    return {"engine": engine, "precision": precision, **found, "ops_ms": round(sum(timed), 4),
+            "slow_ops": sum(1 for r in found["ops"] if not r["fast"])}
+
+
+def why_slower(comparison: dict, top: int = 4) -> str:
+    """One line on where an engine's INT8 artifact loses to its float one (an entry of :func:`compare`): the op
+    types slower in int8, and the int8 ops off the fast kernels."""
+    slower = [e for e in comparison["by_type"] if e["int8_ops"] and e["fp32_ops"] and e["int8_ms"] > e["fp32_ms"]]
+    parts = []
+    if slower:
+        parts.append("op types slower in int8 (summed per inference): " + ", ".join(
+            f"{e['type']} {e['int8_ms']:.3f} vs {e['fp32_ms']:.3f} ms ({e['int8_ops']} ops)" for e in slower[:top]))
+    if comparison["slow_int8_ops"]:
+        parts.append(f"{comparison['slow_int8_ops']} int8 op(s) off the engine's fast kernels "
+                     f"({', '.join(comparison['slow_int8_types'][:top])})")
+    else:
+        parts.append("every int8 op in the engine's fast kernels")
+    return "; ".join(parts)
 
 
 def _fast(engine: str, precision: str, row: dict) -> tuple[bool, str | None]:
@@ -148,14 +173,26 @@ def compare(profiles: list[dict]) -> list[dict]:
                 entry = types[row["type"]]
                 entry[f"{side}_ms"] += row.get("ms") or 0.0
                 entry[f"{side}_ops"] += 1
-        fp32_by_name = {_align(engine, r["name"]): r for r in fp32["ops"]}
+        fp32_by_name = {(_align(engine, r["name"]), r["type"]): r for r in fp32["ops"]}
         aligned = []
-        for row in int8["ops"]:
-            twin = fp32_by_name.get(_align(engine, row["name"]))
+        for row in int8["ops"]:  # the same name and type (a fused op takes over its activation's output name)
+            twin = fp32_by_name.get((_align(engine, row["name"]), row["type"]))
             if twin is not None and row.get("ms") is not None and twin.get("ms") is not None:
                 aligned.append({"name": row["name"], "type": row["type"], "fp32_ms": twin["ms"], "int8_ms": row["ms"],
                                 "int8_kernel": row["kernel"], "fp32_kernel": twin["kernel"], "fast": row["fast"]})
-        slow = [r for r in int8["ops"] if not r["fast"]]
+        # the float model's own ops off the fast kernels: an int8 op of the same type there is no INT8 loss
+        float_slow = {r["type"] for r in fp32["ops"] if not r["fast"]}
+        for r in int8["ops"]:
+            if r["fast"]:
+                continue
+            if r["type"] in float_slow:
+                r["why"] += f"; the float model's {r['type']} ops are off the fast kernels too"
+                r["float_too"] = True
+            elif engine == "litert" and any(o["type"] == r["type"] and o["fast"] for o in int8["ops"]):
+                r["why"] = (f"outside XNNPACK, which takes the other int8 {r['type']} ops: its int8 kernels refuse some "
+                            "quantization parameters (an input scale far from the output's, a broadcast shape)")
+        slow = [r for r in int8["ops"] if not r["fast"] and not r.get("float_too")
+                and (r["precision"] in INTEGER_TYPES or engine != "litert")]
         out.append({"engine": engine, "fp32": fp32["artifact"], "int8": int8["artifact"],
                     "whole_ms": {"fp32": fp32.get("whole_ms"), "int8": int8.get("whole_ms")},
                     "ratio": (int8["whole_ms"] / fp32["whole_ms"]) if fp32.get("whole_ms") and int8.get("whole_ms")
@@ -235,7 +272,7 @@ def table(report: dict, top: int = 12) -> str:
             lines.append(f"   slowest int8 ops beside fp32 (aligned by name, {len(comp['aligned'])} of "
                          f"{len(int8['ops'])}):")
             for a in slowest:
-                lines.append(f"     {a['name'][:48]:<48} {a['type'][:20]:<20} {_ms(a['fp32_ms']):>8} -> "
+                lines.append(f"     {_short(a['name']):<48} {a['type'][:20]:<20} {_ms(a['fp32_ms']):>8} -> "
                              f"{_ms(a['int8_ms']):>8} ms  {a['int8_kernel'][:36]}")
         lines.append(f"   int8 ops off the fast kernels: {comp['slow_int8_ops']}"
                      + (f" ({', '.join(comp['slow_int8_types'])})" if comp["slow_int8_types"] else ""))
@@ -247,7 +284,7 @@ def table(report: dict, top: int = 12) -> str:
         lines.append(f"== {p['engine']}: {p['artifact']} ({p['precision']}): whole model {_ms(p.get('whole_ms'))} ms, "
                      f"ops summed {_ms(p['ops_ms'])} ms, {p['slow_ops']} op(s) off the fast kernels")
         for row in sorted(p["ops"], key=lambda r: -(r.get("ms") or 0))[:top]:
-            lines.append(f"     {row['name'][:48]:<48} {row['type'][:20]:<20} {_ms(row.get('ms')):>8} ms  "
+            lines.append(f"     {_short(row['name']):<48} {row['type'][:20]:<20} {_ms(row.get('ms')):>8} ms  "
                          f"{row['kernel'][:36]} {row['precision']}")
         lines.extend(_slow_lines(p, top))
     for f in report["failed"]:
@@ -260,11 +297,16 @@ def table(report: dict, top: int = 12) -> str:
 
 def _slow_lines(profile: dict, top: int) -> list[str]:
     slow = [r for r in profile["ops"] if not r["fast"]]
-    lines = [f"     off the fast kernels: {r['name'][:48]} ({r['type']}, {r['precision']}, {_ms(r.get('ms'))} ms): "
+    lines = [f"     off the fast kernels: {_short(r['name'])} ({r['type']}, {r['precision']}, {_ms(r.get('ms'))} ms): "
              f"{r['why']}" for r in sorted(slow, key=lambda r: -(r.get("ms") or 0))[:top]]
     if len(slow) > top:
         lines.append(f"     ... and {len(slow) - top} more (--json lists every op)")
     return lines
+
+
+def _short(name: str, width: int = 48) -> str:
+    """A name cut to ``width`` from its end (litert-torch's tensor names share a long prefix)."""
+    return name if len(name) <= width else "..." + name[-(width - 3):]
 
 
 def _ms(value: float | None) -> str:

@@ -87,13 +87,24 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
 def outside_xnnpack(model_path: Path, threads: int | None = None) -> Counter:
     """The op types of ``model_path`` that run outside XNNPACK on this interpreter (LiteRT's builtin kernels), with
     their counts, read from the DELEGATE nodes after the delegate is applied (see :func:`_delegated`)."""
+    return Counter(kind for kind, _, _ in ops_outside_xnnpack(model_path, threads))
+
+
+def ops_outside_xnnpack(model_path: Path, threads: int | None = None) -> list[tuple[str, str, str]]:
+    """Each op of ``model_path`` that runs outside XNNPACK: (type, first output tensor's name, its element type)."""
     from ai_edge_litert.interpreter import Interpreter
 
     interp = Interpreter(model_path=str(model_path), num_threads=threads or 1)
     interp.allocate_tensors()  # the delegate is applied here
     inside, _ = _delegated(interp)
-    return Counter(o["op_name"] for o in interp._get_ops_details()
-                   if o["op_name"] != "DELEGATE" and o["index"] not in inside)
+    tensors = {t["index"]: t for t in interp.get_tensor_details()}
+    found = []
+    for o in interp._get_ops_details():
+        if o["op_name"] == "DELEGATE" or o["index"] in inside:
+            continue
+        out = tensors.get(next((i for i in o["outputs"] if i >= 0), -1))
+        found.append((o["op_name"], out["name"] if out else "", np.dtype(out["dtype"]).name if out else "?"))
+    return found
 
 
 def _as_input(x: np.ndarray, detail: dict) -> np.ndarray:
