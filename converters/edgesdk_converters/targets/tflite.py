@@ -141,7 +141,9 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
     - types whose int8 ops take ``SLOWER`` times the float ones' time: XNNPACK's int8 TRANSPOSE_CONV took 32.8 ms
       against 8.9 ms in float on the detector (where every int8 CONV_2D together took 2.4 ms against 19.0).
 
-    ``requantize(kept)`` writes the model with ``kept`` types float and returns its path; the choice is kept only
+    Single int8 ops XNNPACK refused while it takes the others of their type are kept float by name.
+
+    ``requantize(kept, kept_ops)`` writes the model with ``kept`` types and ``kept_ops`` float and returns its path; the choice is kept only
     when that model is faster as a whole than ``int8_model`` (timed interleaved), else nothing is kept."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_quantizer.utils.tfl_flatbuffer_utils import TFL_OP_NAME_TO_CODE
@@ -154,10 +156,15 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
     nameable = {builtin[code]: str(getattr(name, "value", name)) for name, code in TFL_OP_NAME_TO_CODE.items()
                 if code in builtin}
     every = Counter(op.name for op in operators(int8_model) if op.subgraph == 0)
-    outside_int8, outside_float = profiler.outside_xnnpack(int8_model), profiler.outside_xnnpack(float_model)
+    missed = profiler.ops_outside_xnnpack(int8_model)
+    outside_int8, outside_float = Counter(kind for kind, _, _ in missed), profiler.outside_xnnpack(float_model)
     kept = {t: f"XNNPACK has no int8 kernel for it ({n} op(s) would run outside XNNPACK)"
             for t, n in sorted(outside_int8.items())
             if n == every[t] and not outside_float.get(t) and t not in ("QUANTIZE", "DEQUANTIZE") and t in nameable}
+    # single int8 ops XNNPACK refused while taking the others of their type (an ADD of a constant whose scale is
+    # under 1/1024 of its output's): kept float by name
+    kept_ops = sorted({name for kind, name, dtype in missed if dtype in ("int8", "int16") and kind not in kept
+                       and not outside_float.get(kind) and kind not in ("QUANTIZE", "DEQUANTIZE") and name})
     ms = {}
     try:
         timed = {side: profiler.profile(path, sample, None, 10, 0.005)
@@ -176,26 +183,38 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
                     and int8_ms > SLOWER * fp32_ms and int8_ms - fp32_ms > MIN_SHARE * whole):
                 kept[t] = f"slower in int8 here ({int8_ms:.2f} ms against {fp32_ms:.2f} ms in float, ops alone)"
                 ms[t] = {"fp32": round(fp32_ms, 3), "int8": round(int8_ms, 3)}
-    if not kept:
-        return {"kept": {}, "text": "" if timed else f"per-op speed not measured ({why[:200]})", "ms": ms}
-    candidate = requantize(kept)
+    if not kept and not kept_ops:
+        return {"kept": {}, "kept_ops": [], "text": "" if timed else f"per-op speed not measured ({why[:200]})",
+                "ms": ms}
+    try:
+        candidate = requantize(kept, kept_ops)
+    except ConversionError:  # a name AI Edge Quantizer's scopes do not match: the types alone
+        kept_ops = []
+        candidate = requantize(kept, kept_ops)
     before, after = _interleaved(int8_model, candidate)
+    what = ", ".join(list(kept) + ([f"{len(kept_ops)} single op(s)"] if kept_ops else []))
     if after >= before:
-        return {"kept": {}, "ms": ms, "text": f"keeping {', '.join(kept)} float was not faster as a whole "
-                                               f"({after:.2f} ms against {before:.2f} ms): every op type quantized"}
-    return {"kept": kept, "ms": ms, "text": "op types kept float for speed on this CPU (" + "; ".join(
-        f"{t}: {why}" for t, why in kept.items()) + f"; the model {before:.2f} -> {after:.2f} ms)"}
+        return {"kept": {}, "kept_ops": [], "ms": ms, "text": f"keeping {what} float was not faster as a whole "
+                f"({after:.2f} ms against {before:.2f} ms): every op quantized"}
+    reasons = [f"{t}: {why}" for t, why in kept.items()]
+    if kept_ops:
+        reasons.append(f"{len(kept_ops)} int8 op(s) XNNPACK refused while taking the others of their type "
+                       f"({', '.join(n[-40:] for n in kept_ops[:3])}{', ...' if len(kept_ops) > 3 else ''})")
+    return {"kept": kept, "kept_ops": kept_ops, "ms": ms, "text": "kept float for speed on this CPU ("
+            + "; ".join(reasons) + f"; the model {before:.2f} -> {after:.2f} ms)"}
 
 
-def _quantize(quantizer, float_input: str, chosen: list[dict], kept: dict, qsvs: dict, out: Path) -> Path:
-    """AI Edge Quantizer's model of ``float_input`` with the op types ``kept`` (LiteRT's names) left float."""
+def _quantize(quantizer, float_input: str, chosen: list[dict], kept: dict, kept_ops: list[str], qsvs: dict,
+              out: Path) -> Path:
+    """AI Edge Quantizer's model of ``float_input`` with the op types ``kept`` (LiteRT's names) and the ops writing
+    the tensors ``kept_ops`` left float."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_quantizer.utils.tfl_flatbuffer_utils import TFL_OP_NAME_TO_CODE
 
     names = {getattr(schema.BuiltinOperator, t, None) for t in kept}
     operations = [str(getattr(n, "value", n)) for n, code in TFL_OP_NAME_TO_CODE.items() if code in names]
     qt = quantizer.Quantizer(float_input, chosen + [{"regex": ".*", "operation": o, "algorithm_key": "no_quantize"}
-                                                    for o in operations])
+                                                    for o in operations] + kept_scopes(float_input, tuple(kept_ops)))
     qt.quantize(qsvs).export_model(str(out), overwrite=True)
     return out
 
@@ -285,12 +304,13 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             # Op types XNNPACK runs slower in int8, or not at all: kept float (decided once, on the first build;
             # recovery's trials reuse the decision through ``statistics``)
             if "speed" not in statistics:
-                statistics["speed"] = speed_choice(Path(float_input), int8, samples[0],
-                                                   lambda kept: _quantize(quantizer, float_input, chosen, kept, qsvs,
-                                                                          Path(scratch) / "kept.tflite"))
-            kept_types = statistics["speed"]["kept"]
-            if kept_types:
-                _quantize(quantizer, float_input, chosen, kept_types, qsvs, int8)
+                def requantize(kept: dict, ops: list[str]) -> Path:
+                    return _quantize(quantizer, float_input, chosen, kept, ops, qsvs, Path(scratch) / "kept.tflite")
+
+                statistics["speed"] = speed_choice(Path(float_input), int8, samples[0], requantize)
+            speed = statistics["speed"]
+            if speed["kept"] or speed["kept_ops"]:
+                _quantize(quantizer, float_input, chosen, speed["kept"], speed["kept_ops"], qsvs, int8)
         except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
             raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
     kept_note = statistics["speed"]["text"]
