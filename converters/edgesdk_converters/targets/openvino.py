@@ -36,6 +36,7 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         model = source.openvino_model()
         fp32 = out_dir / "model_fp32.xml"
         ov.save_model(model, str(fp32), compress_to_fp16=False)  # the float reference stays fp32
+    folded = fold_weights(model)
     dataset = nncf.Dataset(progress(samples), lambda sample: sample)
     try:
         # Min/max activation ranges, as the other two targets use: NNCF's default estimator
@@ -60,5 +61,45 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
         Built("openvino-int8", "openvino", "int8", [int8, int8.with_suffix(".bin")],
               (METHOD if calibration == "minmax" else METHOD.replace("min/max activation ranges",
                                                                       "mean min/max activation ranges"))
-              + kept_text(keep_float, "nncf.IgnoredScope")),
+              + kept_text(keep_float, "nncf.IgnoredScope")
+              + (f"; {folded} weights folded to constants before quantizing" if folded else "")),
     ]
+
+
+# layers whose input 1 is a weight NNCF quantizes when it is a Constant
+WEIGHTED = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "GroupConvolutionBackpropData", "MatMul")
+
+
+def fold_weights(model) -> int:
+    """Replace each weight computed from constants alone (a float16 Constant, its decompression Convert, then the
+    Reshape/Unsqueeze/Transpose OpenVINO's TFLite frontend puts on a depthwise kernel) by the float32 Constant it
+    computes; return how many. NNCF quantizes a weight only when it sees a Constant (through a Convert at most):
+    on BlazeFace its 16 depthwise convolutions kept float weights and ran in bf16 on AMX, between int8 layers. The
+    values are the same (every float16 is a float32); the float reference is saved before and keeps its form."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    def constant_only(output, seen: set) -> bool:
+        node = output.get_node()
+        if node.get_type_name() == "Constant":
+            return True
+        if node.get_type_name() == "Parameter" or id(node) in seen:
+            return False
+        seen.add(id(node))
+        return all(constant_only(i.get_source_output(), seen) for i in node.inputs())
+
+    targets = []
+    for op in model.get_ordered_ops():
+        if op.get_type_name() in WEIGHTED and op.get_input_size() > 1:
+            weight = op.input(1).get_source_output()
+            if weight.get_node().get_type_name() != "Constant" and constant_only(weight, set()) \
+                    and weight.get_element_type() == ov.Type.f32:
+                targets.append((op, weight))
+    if not targets:
+        return 0
+    computed = ov.Model([w for _, w in targets], [], "weights")
+    values = ov.Core().compile_model(computed, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({})
+    for (op, _), value in zip(targets, values.values()):
+        op.input(1).replace_source_output(ops.constant(np.asarray(value, np.float32)).output(0))
+    model.validate_nodes_and_infer_types()
+    return len(targets)
