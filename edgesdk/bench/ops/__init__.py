@@ -170,7 +170,7 @@ def compare(profiles: list[dict]) -> list[dict]:
                                                                "int8_ops": 0})
         for side, prof in (("fp32", fp32), ("int8", int8)):
             for row in prof["ops"]:
-                entry = types[row["type"]]
+                entry = types[_base_type(engine, row["type"])]
                 entry[f"{side}_ms"] += row.get("ms") or 0.0
                 entry[f"{side}_ops"] += 1
         fp32_by_name = {(_align(engine, r["name"]), r["type"]): r for r in fp32["ops"]}
@@ -202,6 +202,20 @@ def compare(profiles: list[dict]) -> list[dict]:
                     "aligned": aligned, "slow_int8_ops": len(slow),
                     "slow_int8_types": sorted({f"{r['type']} ({r['precision']})" for r in slow})})
     return out
+
+
+# ONNX Runtime's kernels by the op they compute: an integer or fused kernel beside the float op it replaces
+_ORT_BASE = {"QGemm": "Gemm", "NhwcQLinearConv": "Conv", "FusedConv": "Conv", "NhwcFusedConv": "Conv",
+             "FusedMatMul": "MatMul", "FusedGemm": "Gemm", "MatMulInteger": "MatMul", "ConvInteger": "Conv",
+             "QLinearConvTranspose": "ConvTranspose"}
+
+
+def _base_type(engine: str, kind: str) -> str:
+    """The op a kernel computes, so that int8 and float kernels of one op share a row (ONNX Runtime's QLinearConv
+    and Conv are both Conv)."""
+    if engine != "onnxruntime":
+        return kind
+    return _ORT_BASE.get(kind) or (kind[len("QLinear"):] if kind.startswith("QLinear") else kind)
 
 
 _SUFFIXES = ("_quant", "_QuantizeLinear", "_DequantizeLinear")
