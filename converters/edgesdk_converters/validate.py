@@ -166,6 +166,8 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
         if b.precision == "int8":  # every output on its own: one output's range must not excuse another's error
             check_each_output(entry, tallies[b.id], per_output, spec.type in CAPS_GATE)
         _check_spread(entry, spreads[b.id], spreads[compared_with[b.id]], names)
+        if entry.get("slower_than_float"):
+            entry["slower_because"] = why_slower(b, refs[b.engine], golden_in[0])
         metrics[b.id] = _finite(entry)
     capped = {b.id: spec.type in CAPS_GATE or not metrics[b.id]["passed"] for b in built}
     pooled, each, each_mean = golden_tolerances(built, tallies, golden_id, error_cap, capped)
@@ -295,6 +297,23 @@ def _check_spread(out: dict, own: OutputSpread, ref: OutputSpread, names: list[s
     out["dead_output"] = [names[j] if j < len(names) else f"output {j}" for j in dead]
     if dead:
         out["passed"] = False
+
+
+def why_slower(int8: Built, fp32: Built, sample: list[np.ndarray]) -> str:
+    """Where an INT8 artifact measured slower than its float reference loses, op by op on this CPU (the engines'
+    profilers, :mod:`edgesdk.bench.ops`): the op types slower in int8 and the int8 ops off the fast kernels. A
+    profiler that fails says so instead: the bundle is still written."""
+    from edgesdk.bench.ops import compare, profile_model
+    from edgesdk.bench.ops import why_slower as explain
+    from edgesdk.cpu import cpu_class
+
+    try:
+        profiles = [profile_model(b.engine, b.files[0], b.precision, sample, min_runs=10, min_seconds=0.005,
+                                  precision_hint=b.runtime.get("precision_hint")) for b in (fp32, int8)]
+        comparison = compare([{**p, "artifact": b.id} for p, b in zip(profiles, (fp32, int8))])[0]
+    except Exception as exc:  # a speed explanation must never cost the bundle
+        return f"not explained: the op profiler failed ({type(exc).__name__}: {str(exc)[:200]})"
+    return f"on {cpu_class()['isa_class']}: {explain(comparison)} (edgesdk bench --ops shows every op)"
 
 
 def _finite(value: Any) -> Any:

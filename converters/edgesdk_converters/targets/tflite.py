@@ -126,6 +126,10 @@ def layer_tensors(model: str | Path, layers: tuple[str, ...]) -> list[str]:
 # difference is at least MIN_SHARE of the int8 model's time: Q/DQ pairs around a float op cost something too
 SLOWER = 1.3
 MIN_SHARE = 0.02
+# never kept float for speed: the layers INT8 is for. When these are slower in int8 the model cannot gain from INT8
+# on this engine and CPU (small channel counts: BlazeFace, the face mesh); the artifact stays full INT8 (what an
+# NPU delegate needs), validation says why it is slower, and the device's first load serves the faster float one
+CORE_TYPES = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
 def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], requantize) -> dict:
@@ -139,7 +143,8 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
       float kernel and no int8 one: HARD_SWISH in LiteRT 2.3): on the PP-OCRv4 detector its 24 HARD_SWISH split the
       INT8 graph into 31 XNNPACK partitions;
     - types whose int8 ops take ``SLOWER`` times the float ones' time: XNNPACK's int8 TRANSPOSE_CONV took 32.8 ms
-      against 8.9 ms in float on the detector (where every int8 CONV_2D together took 2.4 ms against 19.0).
+      against 8.9 ms in float on the detector (where every int8 CONV_2D together took 2.4 ms against 19.0); never
+      the ``CORE_TYPES``, which INT8 is for.
 
     Single int8 ops XNNPACK refused while it takes the others of their type are kept float by name.
 
@@ -179,7 +184,7 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
         whole = timed["int8"]["whole_ms"]
         for t, int8_ms in per_type["int8"].items():
             fp32_ms = per_type["fp32"].get(t)
-            if (t in nameable and t not in kept and t not in ("QUANTIZE", "DEQUANTIZE") and fp32_ms
+            if (t in nameable and t not in kept and t not in ("QUANTIZE", "DEQUANTIZE", *CORE_TYPES) and fp32_ms
                     and int8_ms > SLOWER * fp32_ms and int8_ms - fp32_ms > MIN_SHARE * whole):
                 kept[t] = f"slower in int8 here ({int8_ms:.2f} ms against {fp32_ms:.2f} ms in float, ops alone)"
                 ms[t] = {"fp32": round(fp32_ms, 3), "int8": round(int8_ms, 3)}
