@@ -175,7 +175,9 @@ def quantize(
                                           "float, the fewest that pass), on (also record that a passing one needed "
                                           "nothing) or off. Default: $EDGESDK_RECOVER, else auto. What was kept, "
                                           "why, and what it cost: edgesdk inspect."),
-    recover_time: float = typer.Option(900.0, "--recover-time", help="Cap on recovery, seconds per artifact."),
+    recover_time: Optional[float] = typer.Option(None, "--recover-time", help="Seconds for all of recovery, shared "
+                                                 "by the artifacts that fail (default: derived from the model, 60 s "
+                                                 "under 10 MB, 60 s per GMAC above)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of the table."),
 ) -> None:

@@ -46,7 +46,8 @@ class QuantizeOptions:
     existing bundle. ``progress``/``quiet_toolchains``: console output. ``recover``: ``auto`` (default: an INT8
     artifact that fails its gate is quantized again with its most sensitive layers kept in float, the fewest that
     pass), ``on`` (also record for a passing one that nothing was needed) or ``off``; None: ``$EDGESDK_RECOVER``,
-    else ``auto``; ``recover_time``: the cap in seconds per artifact (:mod:`~edgesdk_converters.recover`)."""
+    else ``auto``; ``recover_time``: seconds for all of the run's recovery, shared by the artifacts that fail their
+    gate (None: derived from the float model, 60 s under 10 MB; :mod:`~edgesdk_converters.recover_budget`)."""
 
     targets: tuple[str, ...] | None = None
     samples: int = DEFAULT_SAMPLES
@@ -66,7 +67,7 @@ class QuantizeOptions:
     progress: bool = True
     quiet_toolchains: bool = True
     recover: str | None = None
-    recover_time: float = 900.0
+    recover_time: float | None = None
 
     def __post_init__(self) -> None:
         if self.targets is not None:
@@ -100,8 +101,9 @@ class QuantizeOptions:
             raise ConversionError(f"recover must be one of {', '.join(RECOVER_MODES)} (auto: recover an INT8 artifact "
                                   f"that fails its gate; the default comes from ${RECOVER_VAR}, else auto), got "
                                   f"{self.recover!r}")
-        if not _is_number(self.recover_time) or self.recover_time <= 0:
-            raise ConversionError(f"recover_time must be a positive number of seconds, got {self.recover_time!r}")
+        if self.recover_time is not None and (not _is_number(self.recover_time) or self.recover_time <= 0):
+            raise ConversionError(f"recover_time must be a positive number of seconds (or None: derived from the "
+                                  f"model), got {self.recover_time!r}")
         if self.tflite_io not in TFLITE_IO:
             raise ConversionError(f"tflite_io must be one of {', '.join(TFLITE_IO)}, got {self.tflite_io!r}")
         for field_name in ("name", "version"):

@@ -7,6 +7,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from edgesdk.atomic_file import check_replaceable, publish_dir
 from edgesdk.bundle.reader import MANIFEST, Bundle
 from edgesdk.errors import CalibrationError, ConversionError, TargetsFailed, ValidationFailed
 from edgesdk.bundle.preprocess import Preprocess
-from edgesdk.bundle.report import failing_artifacts, validation_table
+from edgesdk.bundle.report import failing_artifacts, timing_report, validation_table
 
 from . import calibration
 from .bundle_writer import write_manifest
@@ -80,6 +81,7 @@ def quantize(
     max-abs error against the golden float outputs exceeds ``max_error_cap`` times their range (saturating integer
     kernels, a broken conversion); that cap also bounds the golden tolerance a device checks the artifact against.
     """
+    phases = Phases()
     opts = (options or QuantizeOptions()).merged(**shortcuts)
     targets, samples, val_samples, seed = opts.targets, opts.samples, opts.val_samples, opts.seed
     max_drop, max_error_cap, progress = opts.max_drop, opts.max_error_cap, opts.progress
@@ -104,6 +106,7 @@ def quantize(
     target_options = {"tflite": {"io": opts.tflite_io}}
     pre = _preprocess(preprocess)
     label_names = _labels(labels)
+    phases.end("source")
 
     _check_state_names(opts.state, src)
     calib_ds = calibration.read_dataset(calib, src.inputs, pre, label_names, "calibration")
@@ -132,6 +135,7 @@ def quantize(
     calib_samples = calibration.materialize(calib_ds.subset(picked), bar("loading calibration data"))
     names = calib_ds.label_names or label_names
     _check_label_text(names)
+    phases.end("calibration_data")
 
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -149,7 +153,7 @@ def quantize(
                                                     target_options.get(target, {}))
             built += made
             build[target] = {"status": "failed" if failed_with else "built", "error": _capped(failed_with),
-                             "log_tail": tail}
+                             "log_tail": tail, "seconds": round(phases.end("target", target=target), 2)}
             if failed_with:
                 failed[target] = failed_with
                 say(f"[{target}] FAILED, the other targets go on: {failed_with.splitlines()[0]}")
@@ -161,13 +165,17 @@ def quantize(
         checked = dict(max_drop=max_drop, error_cap=max_error_cap, task=task, metric=opts.metric,
                        output_names=[s.name for s in src.outputs], image_size=pre.size if pre is not None else None)
         metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
-        recoveries = recover_bundle(
+        phases.end("validation")
+        recoveries, budget = recover_bundle(
             built, metrics, opts.recover, src, calib_samples, target_options,
             lambda pair: validate(pair, val_ds, **checked)[0][pair[0].id], out.parent, GOLDEN_ORDER,
             opts.recover_time, say)
+        if opts.recover != "off":
+            phases.end("recovery")
         if any(r.status == "recovered" for r in recoveries.values()):  # artifacts replaced: judge the bundle again
             say(f"validation of the recovered artifacts: {len(val_ds)} samples")
             metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
+            phases.end("revalidation")
         for aid, rec in recoveries.items():
             if rec.after is None and rec.status == "recovered":
                 rec.after = metrics[aid]
@@ -175,6 +183,9 @@ def quantize(
         manifest = build_manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, opts.name or _default_name(src), opts.version, opts.state, task)
         manifest["build"] = build
+        phases.end("writing")
+        manifest["timing"] = phases.as_dict() | ({"recovery_budget": budget.as_dict()} if budget else {})
+        say("; ".join(line.strip() for line in timing_report(manifest)))
         write_manifest(work, manifest)
         publish_dir(work, out)
     except BaseException:
@@ -200,6 +211,25 @@ def quantize(
     if failing:
         raise ValidationFailed(invalid, failing, str(out))
     return QuantizeResult(out, manifest)
+
+
+class Phases:
+    """The seconds of each phase of a quantize run, one after the other from the run's start (the manifest's
+    ``timing``): each phase ends where the next begins, so together they make the run's time up to the manifest."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.rows: list[dict] = []
+
+    def end(self, phase: str, **about: str) -> float:
+        """Close ``phase`` (``about``: which target) now; returns its seconds."""
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        self.rows.append({"phase": phase, **about, "seconds": round(seconds, 2)})
+        return seconds
+
+    def as_dict(self) -> dict:
+        return {"seconds": round(self.last - self.started, 2), "phases": list(self.rows)}
 
 
 def _build_target(target, src, calib_samples, target_dir: Path, quiet: bool, bar, options: dict

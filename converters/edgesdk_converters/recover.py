@@ -13,8 +13,9 @@ artifact passes its gate, then the set is pruned: each multiplying layer kept go
 still passes, with its own ranges or, on ONNX Runtime and LiteRT, with the other range choice on the tensors that
 layer reads (the per-layer range choice; :func:`~.recover_search.search`). Every trial re-quantizes (the float model is
 reused, not converted again) and validates the artifact against its float reference on the whole validation set,
-under a time cap. What was kept, why, and what it cost is recorded in the manifest's artifact entry (``recovery``),
-with the INT8 MAC share read from the recovered artifact itself.
+within the artifact's share of the run's recovery budget (:mod:`.recover_budget`). What was kept, why, and what it
+cost is recorded in the manifest's artifact entry (``recovery``), with the INT8 MAC share read from the recovered
+artifact itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .layers import probe_for
 from .layers.compare import LayerError, worst
 from .layers.debug import SourceModel, layer_errors
 from .layers.litert import tensor_name
+from .recover_budget import SMALL_BUDGET, SMALL_MODEL_BYTES, Budget, default_budget
 from .recover_search import SEARCH_SHARE, search
 from .targets import Built, TARGET_ENGINES, builder
 from .toolchain_output import captured
@@ -41,7 +43,6 @@ ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
 MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
              "litert": "ai-edge-quantizer no_quantize"}
 SENSITIVITY_SAMPLES = 4
-DEFAULT_TIME = 900.0  # seconds per artifact
 
 
 class _TrialFailed(Exception):
@@ -83,6 +84,7 @@ class Recovery:
     int8_macs_after: int | None = None  # read from the recovered artifact itself
     macs_after: int | None = None
     ranged: list[LayerError] = field(default_factory=list)  # in INT8 with the other range choice on their tensors
+    budget: float | None = None  # the seconds this artifact was given: its share of the run's recovery budget
 
     def as_dict(self) -> dict:
         kept_macs = sum(r.macs for r in self.kept)
@@ -109,6 +111,8 @@ class Recovery:
                        for t in self.trials],
             "seconds": round(self.seconds, 1),
         }
+        if self.budget is not None:
+            out["budget_seconds"] = round(self.budget, 1)
         if self.after is not None:
             out.update(metric_after=self.after.get("metric_value"), drop_after=self.after.get("drop"),
                        latency_ms_after=self.after.get("latency_ms"))
@@ -159,13 +163,15 @@ def sensitivity(int8: Built, ref: Built, samples: list[list[np.ndarray]], source
 
 def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarray]], options: dict,
             check: Callable[[list[Built]], dict], work: Path, source: Built | None = None,
-            time_limit: float = DEFAULT_TIME, say: Callable[[str], None] = lambda s: None) -> tuple[Built, Recovery]:
+            time_limit: float = SMALL_BUDGET, say: Callable[[str], None] = lambda s: None) -> tuple[Built, Recovery]:
     """Keep the fewest layers of ``int8`` in float that make ``check([candidate, ref])`` (the validation entry of
     the candidate) pass. Returns the artifact to keep (the original when nothing passed) and what was done.
-    ``options``: the target's build options; ``work``: a scratch directory."""
+    ``options``: the target's build options; ``work``: a scratch directory; ``time_limit``: seconds. No trial starts
+    that would end past the limit by the mean time of this artifact's trials so far; the layer ranking before them
+    runs whatever the limit (it cannot be stopped part way)."""
     started = time.perf_counter()
     engine = int8.engine
-    rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine)
+    rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine, budget=time_limit)
     options = {k: v for k, v in options.items() if k != "calibration"}
     try:  # a model the probes cannot read (an op an engine cannot expose) keeps its artifact, never stops quantize
         ranked, layers = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
@@ -223,23 +229,36 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
                 raise _TrialFailed(failed) from exc  # the original
             # pruning a set that already passed: this one trial failed, the sets found stand
             rec.trials.append(Trial(len(key[1]), False, None, None, time.perf_counter() - t0, how, step, len(key[2])))
-            say(f"[{int8.id}] recovery ({step}): a trial could not be built, counted as failing: {failed}")
+            say(f"[{int8.id}] recovery trial {len(rec.trials)} ({step}), {clock()}: a trial could not be built, "
+                f"counted as failing: {failed}")
             results[key] = (None, {"passed": False})
             return results[key][1]
         results[key] = (candidate, judged)
         kept_macs = sum(r.macs for r in rows)
         rec.trials.append(Trial(len(key[1]), bool(judged["passed"]), judged.get("metric_value"), judged.get("drop"),
                                 time.perf_counter() - t0, how, step, len(key[2]), judged.get("latency_ms")))
-        say(f"[{int8.id}] recovery ({step}{': ' + what if what else ''}): {how} calibration, {len(key[1])} layer(s) "
-            f"in float" + (f", {len(key[2])} with {RANGES[engine]} ranges" if key[2] else "") + " "
+        say(f"[{int8.id}] recovery trial {len(rec.trials)} ({step}{': ' + what if what else ''}), {clock()}: {how} "
+            f"calibration, {len(key[1])} layer(s) in float"
+            + (f", {len(key[2])} with {RANGES[engine]} ranges" if key[2] else "") + " "
             f"({kept_macs / max(rec.macs, 1):.1%} of MACs) -> {judged.get('metric')} "
             f"{_num(judged.get('metric_value'))}, drop {_num(judged.get('drop'))} "
             f"({'passes' if judged['passed'] else 'fails'}, p50 {_num(judged.get('latency_ms'))} ms, "
             f"{time.perf_counter() - t0:.0f} s)")
         return judged
 
+    def clock() -> str:
+        return f"{time.perf_counter() - started:.0f}/{time_limit:.0f} s"
+
+    cut = []  # set when a step was skipped or stopped for time
+
     def out_of_time(share: float = 1.0) -> bool:
-        return time.perf_counter() - started > time_limit * share
+        # a trial is not started when it would likely end past the limit: a budget is kept, not overrun by one trial
+        built = [t.seconds for t in rec.trials]
+        expected = sum(built) / len(built) if built else 0.0
+        if time.perf_counter() - started + expected > time_limit * share:
+            cut.append(share)
+            return True
+        return False
 
     try:
         # 0. the engine's other range choice, every layer in INT8: when it passes, nothing is kept in float. When it
@@ -258,14 +277,15 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
         return int8, rec
     rec.seconds = time.perf_counter() - started
     if found is None:
-        rec.status = "out_of_time" if out_of_time() else "failed"
-        rec.note = (f"no set of layers kept in float passed within {time_limit:g} s" if out_of_time()
-                    else "even every quantized layer in float does not pass the gate")
+        rec.status = "out_of_time" if cut else "failed"
+        rec.note = (f"no set of layers kept in float passed within its {time_limit:.0f} s of the recovery budget"
+                    if cut else "even every quantized layer in float does not pass the gate")
         return int8, rec
     rec.status = "recovered"
     rec.calibration = calibration
-    if out_of_time():
-        rec.note = f"stopped by the {time_limit:g} s cap: the smallest passing set found so far is kept"
+    if cut:
+        rec.note = (f"stopped by its {time_limit:.0f} s of the recovery budget: the best passing set found so far is "
+                    f"kept")
     rec.kept, rec.ranged = found
     if rec.ranged:
         rec.mechanism += f"; {RANGE_MECHANISM[engine]}"
@@ -317,15 +337,25 @@ MODES = ("auto", "on", "off")
 
 def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src, calib: list[list[np.ndarray]],
                    target_options: dict[str, dict], check: Callable[[list[Built]], dict], scratch: Path,
-                   golden_order: tuple[str, ...], time_limit: float = DEFAULT_TIME,
-                   say: Callable[[str], None] = lambda s: None) -> dict[str, Recovery]:
+                   golden_order: tuple[str, ...], time_limit: float | None = None,
+                   say: Callable[[str], None] = lambda s: None) -> tuple[dict[str, Recovery], Budget | None]:
     """Recover each INT8 artifact of ``built`` that failed its gate (``mode="auto"``), or every one (``"on"``: one
     that passes is recorded as ``not_needed`` and left as it is). Replaces recovered artifacts in ``built`` (their
-    files moved over the originals); returns what was done per artifact id. ``check``: the validation entry of the
-    first artifact of a [candidate, its float reference] pair."""
+    files moved over the originals); returns what was done per artifact id, and the budget they shared (None when
+    none needed recovery). ``check``: the validation entry of the first artifact of a [candidate, its float
+    reference] pair. ``time_limit``: seconds for all of them (None: :func:`~.recover_budget.default_budget` of the
+    golden float artifact); each failing artifact gets what is left divided by the failing artifacts still to go, and
+    one that gets nothing is recorded ``out_of_time`` as quantized."""
     if mode == "off":
-        return {}
+        return {}, None
     source = next((b for i in golden_order for b in built if b.id == i), None)
+    failing = [b for b in built if b.precision == "int8" and not metrics[b.id].get("passed")]
+    budget = None
+    if failing:
+        budget = (Budget(time_limit, "set by recover_time (--recover-time)") if time_limit is not None
+                  else Budget(*_default_budget(source or failing[0], calib[0])))
+        say(f"recovery: {', '.join(b.id for b in failing)} fail{'s' if len(failing) == 1 else ''} the gate; "
+            f"{budget.seconds:.0f} s for all of recovery ({budget.how})")
     done: dict[str, Recovery] = {}
     for index, b in enumerate(list(built)):
         if b.precision != "int8":
@@ -335,12 +365,23 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
             if mode == "on":
                 done[b.id] = _not_needed(b, entry, calib[0])
             continue
+        to_go = len(failing) - sum(f.id in done for f in failing)
+        share = budget.share(to_go)
+        if share <= 0:
+            done[b.id] = rec = Recovery("out_of_time", before=dict(entry), mechanism=MECHANISM[b.engine],
+                                        engine=b.engine, budget=0.0,
+                                        note=f"the run's {budget.seconds:.0f} s recovery budget was spent before "
+                                             f"this artifact's turn: nothing was tried")
+            say(f"[{b.id}] recovery out_of_time: {rec.note}")
+            continue
+        say(f"[{b.id}] recovery: {share:.0f} s of the {budget.left():.0f} s left"
+            + (f" for {to_go} artifacts" if to_go > 1 else ""))
         ref = next(r for r in built if r.engine == b.engine and r.precision == "fp32")
         target = ENGINE_TARGETS[b.engine]
         work = Path(tempfile.mkdtemp(prefix=f".recover-{b.id}-", dir=scratch))
         try:
             candidate, rec = recover(b, ref, entry, src, calib, target_options.get(target, {}), check, work, source,
-                                     time_limit, say)
+                                     share, say)
             if candidate is not b:
                 built[index] = install(candidate, b)
         finally:
@@ -348,8 +389,24 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
         done[b.id] = rec
         say(f"[{b.id}] recovery {rec.status}: {len(rec.kept)} layer(s) kept in float, "
             + (f"{len(rec.ranged)} in INT8 with the other range choice, " if rec.ranged else "") +
-            f"{rec.seconds:.0f} s" + (f" ({rec.note})" if rec.note else ""))
-    return done
+            f"{rec.seconds:.0f} s; {budget.spent():.0f}/{budget.seconds:.0f} s of the budget spent"
+            + (f" ({rec.note})" if rec.note else ""))
+    if budget is not None:
+        budget.finish()
+    return done, budget
+
+
+def _default_budget(float_model: Built, sample: list[np.ndarray]) -> tuple[float, str]:
+    """:func:`~.recover_budget.default_budget` of a float artifact: its files' size, and its MACs read by the
+    engine's probe when the size alone does not settle the budget (a model the probe cannot read goes by size)."""
+    size = sum(Path(f).stat().st_size for f in float_model.files)
+    if size < SMALL_MODEL_BYTES:
+        return default_budget(size)
+    try:
+        macs = sum(layer.macs for layer in _layers(float_model, sample))
+    except Exception:  # the size stands in for the MACs, and the budget says so
+        macs = None
+    return default_budget(size, macs)
 
 
 def _layers(b: Built, sample: list[np.ndarray]) -> list:

@@ -224,6 +224,7 @@ def summary(manifest: dict[str, Any]) -> str:
                      f"{', '.join(f['path'] for f in art['files'])}")
         lines += recovery_report(art.get("recovery"))
     lines += build_report(manifest)
+    lines += timing_report(manifest)
     return "\n".join(printable(line) for line in lines)
 
 
@@ -239,13 +240,13 @@ def recovery_report(rec: Any, shown: int = 12) -> list[str]:
 
     kept = rec.get("kept_float") or []
     ranged = rec.get("layer_ranges") or []
+    took = num("seconds", "{:.0f}") + (f" of its {num('budget_seconds', '{:.0f}')}" if "budget_seconds" in rec else "")
     lines = [f"    recovery: {rec.get('status')} ({rec.get('mechanism', '')}), {len(kept)} layer(s) kept in float, "
              + (f"{len(ranged)} in INT8 with the other range choice, " if ranged else "") +
              f"{rec.get('metric') or 'metric'} {num('metric_before')} -> {num('metric_after')} "
              f"(drop {num('drop_before')} -> {num('drop_after')}), INT8 MACs {num('int8_mac_share_before', '{:.1%}')}"
              f" -> {num('int8_mac_share', '{:.1%}')}, p50 {num('latency_ms_before', '{:.3g}')} -> "
-             f"{num('latency_ms_after', '{:.3g}')} ms, {len(rec.get('trials') or [])} trial(s) in "
-             f"{num('seconds', '{:.0f}')} s"]
+             f"{num('latency_ms_after', '{:.3g}')} ms, {len(rec.get('trials') or [])} trial(s) in {took} s"]
     if rec.get("note"):
         lines.append(f"      {rec['note']}")
     lines += _layer_lines(kept, shown, lambda layer: "float", "")
@@ -287,4 +288,25 @@ def build_report(manifest: dict[str, Any]) -> list[str]:
         if tail:
             lines.append(f"    last {len(tail)} lines of the converter's output:")
             lines += [f"      | {line}" for line in tail]
+    return lines
+
+
+PHASES = {"calibration_data": "calibration data", "revalidation": "validation after recovery"}
+
+
+def timing_report(manifest: dict[str, Any]) -> list[str]:
+    """The lines saying how long quantize took to write the bundle, phase by phase (a target's phase: its
+    conversion, calibration and load check), and what recovery's budget was."""
+    timing = manifest.get("timing")
+    if not isinstance(timing, dict):
+        return []
+    parts = []
+    for row in timing.get("phases") or []:
+        name = f"target {row['target']}" if row.get("target") else PHASES.get(row["phase"], row["phase"])
+        parts.append(f"{name} {_num(row.get('seconds'), '.1f')}")
+    lines = [f"time: {_num(timing.get('seconds'), '.1f')} s to build ({', '.join(parts)})"]
+    budget = timing.get("recovery_budget")
+    if isinstance(budget, dict):
+        lines.append(f"  recovery budget: {_num(budget.get('seconds'), '.0f')} s ({budget.get('derived')}), "
+                     f"{_num(budget.get('spent'), '.0f')} s spent")
     return lines

@@ -88,6 +88,7 @@ TENSOR = Obj(required={"name": Str(plain=True), "shape": ListOf(Int(-1, "an inte
 # What accuracy recovery did to an INT8 artifact (quantize --recover): the layers kept in float and why, the gate's
 # metric and the artifact's latency before and after, the share of multiply-accumulates still in INT8, each trial.
 _NUM = Nullable(Num())
+_SECONDS = Num(0.0, expected="a non-negative number of seconds")
 _LAYER = Obj(required={"layer": Str()}, optional={
     "engine_node": Str(), "op": Str(), "macs": Int(0, "a non-negative integer"), "reason": Str(), "ranges": Str()})
 RECOVERY = Obj(
@@ -96,6 +97,7 @@ RECOVERY = Obj(
               "kept_float": ListOf(_LAYER),
               "layer_ranges": ListOf(_LAYER),  # back in INT8 with the other range choice on the tensors they read
               "layers_ranked": Int(0, "a non-negative integer"), "macs": Int(0, "a non-negative integer"),
+              "budget_seconds": _SECONDS,  # this artifact's share of the run's recovery budget
               "int8_mac_share_before": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
               "int8_mac_share": Nullable(Num(0.0, 1.0, "a number in [0, 1]")),
               **{k: _NUM for k in ("metric_before", "metric_after", "drop_before", "drop_after", "latency_ms_before",
@@ -144,7 +146,15 @@ _SHARE = Num(0.0, 1.0, "a number in [0, 1]")
 # What quantize built, per target (tflite, openvino, onnx): a failed target's artifacts are left out of the bundle and
 # its full error (line breaks kept: it is printed line by line, escaped) and the converter's last lines kept here.
 BUILD = MapOf(Obj(required={"status": OneOf("built", "failed", "refused")},
-                  optional={"error": Nullable(Str()), "log_tail": ListOf(Str())}), keys=NAME)
+                  optional={"error": Nullable(Str()), "log_tail": ListOf(Str()), "seconds": _SECONDS}), keys=NAME)
+# How long quantize took, phase by phase (each begins where the last ended; a target's phase is its conversion,
+# calibration and load check), and recovery's budget for the run. Beside "build", not in it: readers from before it
+# take every key of "build" for a target.
+TIMING = Obj(optional={
+    "seconds": _SECONDS,
+    "phases": ListOf(Obj(required={"phase": NAME, "seconds": _SECONDS}, optional={"target": NAME})),
+    "recovery_budget": Obj(optional={"seconds": _SECONDS, "derived": Str(), "spent": _SECONDS}),
+})
 MANIFEST = Obj(
     required={
         "format_version": Int(), "name": NAME, "version": NAME,
@@ -168,6 +178,7 @@ MANIFEST = Obj(
         })),
         "validation_data": Nullable(Str()),
         "build": Nullable(BUILD),
+        "timing": Nullable(TIMING),
         "validation": Nullable(MapOf(VALIDATION, special={"data": Nullable(Str()),
                                                           "machine": Nullable(VALIDATION_MACHINE)})),
         # Stateful models: each output fed back into an input on the next call (edgesdk.runtime.stream).
