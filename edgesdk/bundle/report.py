@@ -104,7 +104,8 @@ def _notes(manifest: dict[str, Any], art: dict[str, Any], m: dict[str, Any]) -> 
     aid, notes = art["id"], []
     if m.get("slower_than_float"):
         notes.append(f"warning: {aid} is slower than its float reference "
-                     f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)")
+                     f"({_num(m.get('latency_ms'), '.3f')} ms vs {_num(m.get('reference_latency_ms'), '.3f')} ms)"
+                     + (f": {m['slower_because']}" if m.get("slower_because") else ""))
     over = outputs_over_cap(manifest, m)
     if m.get("max_abs_error_cap_exceeded") and over:
         notes.append(f"FAILED: {aid} is off the float output(s) " + ", ".join(

@@ -130,6 +130,8 @@ VALIDATION = Obj(
               # a probability's decisions), an INT8 error over its cap that the task's metric judges instead
               # (max_abs_error_over_cap), and the dead-output check (each output's std and its reference's)
               "task": _TEXT, "metric": _TEXT, "task_metric": _TEXT, "drop_unit": _TEXT, "task_failure": Nullable(Str()),
+              # an INT8 artifact slower than its float reference: where it loses, op by op (edgesdk.bench.ops)
+              "slower_because": _TEXT,
               **{k: _METRIC for k in ("metric_value", "reference_metric_value", "task_metric_value", "drop",
                                       "max_drop")},
               "details": Nullable(MapOf(Spec())), "max_abs_error_over_cap": Bool(),
