@@ -192,6 +192,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     target = ENGINE_TARGETS[engine]
     caches: dict[str, dict] = {}
     statistics: dict = {}  # AI Edge Quantizer's, per range choice: shared by every trial whatever its calibration
+    speed: dict = {}  # the tflite target's op types kept float for speed: decided by the first trial, kept by all
     results: dict[tuple, tuple[Built, dict]] = {}
     calibration = "minmax"
 
@@ -202,7 +203,7 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
 
     def cache(how: str) -> dict:
         if engine == "litert":
-            return {"statistics": statistics}
+            return {"statistics": statistics, "speed": speed}
         return caches.setdefault(how, _calibration_cache(engine, work, how))
 
     def attempt(rows: list[LayerError], how: str | None = None, step: str = "search", what: str = "",

@@ -244,7 +244,7 @@ def _interleaved(first: Path, second: Path, rounds: int = 5) -> tuple[float, flo
 def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambda it: it,
           io: str = "float", keep_float: tuple[str, ...] = (), float_model: Path | None = None,
           statistics: dict | None = None, calibration: str = "minmax", layer_ranges: tuple[str, ...] = (),
-          layer_calibration: str = "mean_minmax") -> list[Built]:
+          layer_calibration: str = "mean_minmax", speed: dict | None = None) -> list[Built]:
     """``io="float"``: float32 input/output tensors, int8 inside (the fast default on CPUs, GPUs and
     most NPU delegates); ``io="int8"``: integer-only, int8 input/output too (Coral Edge TPU,
     microcontrollers). edgesdk's LiteRT engine quantizes/dequantizes int8 I/O itself. ``keep_float``: output tensor
@@ -255,7 +255,8 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     min/max, the default) or ``mean_minmax`` (the mean of each sample's min and max, which recovery tries);
     ``layer_ranges``: ops (named as in ``keep_float``) whose input tensors take their ranges from
     ``layer_calibration`` instead (recovery's per-layer range choice: a layer that breaks the model with one range
-    choice can pass with the other)."""
+    choice can pass with the other); ``speed``: a dict the op types kept float for speed (:func:`speed_choice`) are
+    kept in on the first call and read from on the next ones (recovery's trials decide once)."""
     for choice in (calibration, layer_calibration):
         if choice not in CALIBRATIONS:
             raise ConversionError(f"tflite target: calibration must be one of {', '.join(CALIBRATIONS)}, got "
@@ -307,18 +308,19 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
             qt = quantizer.Quantizer(float_input, chosen)
             qt.quantize(qsvs).export_model(str(int8), overwrite=True)
             # Op types XNNPACK runs slower in int8, or not at all: kept float (decided once, on the first build;
-            # recovery's trials reuse the decision through ``statistics``)
-            if "speed" not in statistics:
+            # recovery's trials reuse the decision through ``speed``)
+            speed = {} if speed is None else speed
+            if "choice" not in speed:
                 def requantize(kept: dict, ops: list[str]) -> Path:
                     return _quantize(quantizer, float_input, chosen, kept, ops, qsvs, Path(scratch) / "kept.tflite")
 
-                statistics["speed"] = speed_choice(Path(float_input), int8, samples[0], requantize)
-            speed = statistics["speed"]
-            if speed["kept"] or speed["kept_ops"]:
-                _quantize(quantizer, float_input, chosen, speed["kept"], speed["kept_ops"], qsvs, int8)
+                speed["choice"] = speed_choice(Path(float_input), int8, samples[0], requantize)
+            choice = speed["choice"]
+            if choice["kept"] or choice["kept_ops"]:
+                _quantize(quantizer, float_input, chosen, choice["kept"], choice["kept_ops"], qsvs, int8)
         except Exception as exc:  # the quantizer raises plain Exceptions/ValueErrors on unsupported ops
             raise ConversionError(f"AI Edge Quantizer failed on {source.name}: {exc}") from exc
-    kept_note = statistics["speed"]["text"]
+    kept_note = speed["choice"]["text"]
     notes = "".join(f"; {note}" for note in [signature_added, *(f"quantizer input: {p}" for p in prepared), kept_note]
                     if note)
     return [
