@@ -132,9 +132,10 @@ def order(cands: Iterable[Candidate], policy: str, profile=None, *, engine: str 
 
 
 def named(c: Candidate, engine: str | None, device: str | None, artifact: str | None) -> bool:
-    """Whether ``c`` is what the explicit choices name (``device`` by name or kind; a choice left None names every
-    candidate)."""
-    return engine in (None, c.engine) and device in (None, c.device, c.kind) and artifact in (None, c.artifact)
+    """Whether ``c`` is what the explicit choices name (``device`` by name or kind, in any case: ``cpu`` names
+    ``CPUExecutionProvider``'s kind CPU as a user types it; a choice left None names every candidate)."""
+    return engine in (None, c.engine) and (device is None or device.upper() in (c.device.upper(), c.kind.upper())) \
+        and artifact in (None, c.artifact)
 
 
 def meets(c: Candidate, require: str | None) -> bool:

@@ -108,9 +108,10 @@ def build(source, samples: list[list[np.ndarray]], out_dir: Path, progress=lambd
     return [
         Built("onnxruntime-fp32", "onnxruntime", "fp32", [fp32], "float reference"),
         Built("onnxruntime-int8", "onnxruntime", "int8", [int8],
-              method(options).replace("MinMax calibration", CALIBRATION_TEXT[calibration]) + _upgrade_text(source)
+              method(options).replace("MinMax calibration", CALIBRATION_TEXT[calibration])
               + (f"; {divisions} divisions by a constant made products by its reciprocal (ONNX Runtime has no "
                  "integer Div: each ran in float between a DequantizeLinear and a QuantizeLinear)" if divisions else "")
+              + _upgrade_text(source)
               + kept_text(keep_float, "nodes_to_exclude")
               + ranges_text(layer_ranges, CALIBRATION_TEXT[layer_calibration].replace(" calibration", ""))),
     ]
