@@ -319,7 +319,7 @@ def main() -> int:
     if not args.duration > 0:
         parser.error(f"--duration must be > 0 seconds, got {args.duration}")
 
-    cls = cpu_class()
+    cls, checkout = cpu_class(), commit()  # the code this run starts from (others may change it while it runs)
     print(f"CPU: {describe(cls)}; flags: " + ", ".join(f"{f} {'yes' if on else 'no'}" for f, on in
                                                       cls["flags"].items()), file=sys.stderr, flush=True)
     began = time.perf_counter()
@@ -355,7 +355,7 @@ def main() -> int:
     how = (f"bundles of {args.bench_only} as kept" if args.bench_only else
            f"{args.samples} calibration + {args.val} validation samples per model, default targets, recovery "
            f"{'default' if args.recover else 'off'}, detector at {side}x{side}")
-    print(f"Conformance zoo, {date}, commit {commit()}; {how}; each model's task (tests/zoo.py TASKS) and the default "
+    print(f"Conformance zoo, {date}, commit {checkout}; {how}; each model's task (tests/zoo.py TASKS) and the default "
           f"gates; speed: edgesdk bench --all --allow-failed --scenario single-stream --no-cold-start --duration "
           f"{args.duration:g}; total {total:.0f} s")
     print(f"CPU class: {describe(cls)}; integer-kernel flags: " +
