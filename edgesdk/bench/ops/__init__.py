@@ -30,7 +30,11 @@ MIN_RUNS = 30  # timed runs per op (LiteRT) or per model (ONNX Runtime, OpenVINO
 MIN_SECONDS = 0.02  # ... and at least this long
 CHILD_TIMEOUT_S = 1800
 PROFILERS = ("litert", "onnxruntime", "openvino")
-INTEGER_TYPES = ("int8", "uint8", "int16")  # what a quantized op computes in (int32 index math is not INT8's)
+INTEGER_TYPES = ("int8", "uint8", "int16")
+# each engine's spelling of an element type -> numpy's (ONNX Runtime's profiler says "float", OpenVINO "f32")
+PRECISION_NAMES = {"float": "float32", "f32": "float32", "fp32": "float32", "double": "float64", "f16": "float16",
+                   "fp16": "float16", "bf16": "bfloat16", "i8": "int8", "u8": "uint8", "i16": "int16",
+                   "i32": "int32", "i64": "int64", "boolean": "bool"}  # what a quantized op computes in (int32 index math is not INT8's)
 
 
 def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | None = None,
@@ -67,6 +71,7 @@ def profile_model(engine: str, model_path: Path, precision: str, feeds: list, th
         found = profiler.profile(Path(model_path), feeds, threads, min_runs, min_seconds,
                                  precision_hint=precision_hint)
     for row in found["ops"]:
+        row["precision"] = PRECISION_NAMES.get(str(row["precision"]).lower(), str(row["precision"]).lower())
         row["fast"], why = _fast(engine, precision, row)
         if why:
             row["why"] = why
@@ -128,6 +133,8 @@ def artifacts_to_profile(bundle_path: str | Path, backends: Sequence[tuple[str, 
     from ...engines import backend_names
 
     bundle = Bundle.open(bundle_path)
+    for _, _, artifact in backends or ():
+        bundle.artifact(artifact)  # one the bundle does not have is refused, as plain bench refuses it
     engines = [b[0] for b in backends] if backends else [e for e in backend_names() if e in PROFILERS]
     chosen = [a.id for a in bundle.artifacts if a.engine in engines]
     if not chosen:
