@@ -108,10 +108,14 @@ def _fast(engine: str, precision: str, row: dict) -> tuple[bool, str | None]:
         return False, f"outside XNNPACK: XNNPACK takes no {row['precision']} {row['type']} here, so LiteRT's builtin " \
                       "kernel runs it, with a copy at each edge of an XNNPACK partition"
     if engine == "onnxruntime":
-        from .onnxruntime import MULTIPLYING
+        from .onnxruntime import MULTIPLYING, NO_INTEGER_KERNEL
 
         if precision == "int8" and row["type"] in MULTIPLYING and not row.get("integer_kernel") \
                 and row["precision"].startswith("float"):
+            if row["type"] in NO_INTEGER_KERNEL:
+                return False, f"float {row['type']} kernel in an INT8 model: ONNX Runtime's CPU provider has no " \
+                              f"integer {row['type']} kernel, so its QDQ group runs as DequantizeLinear, float " \
+                              f"{row['type']}, QuantizeLinear"
             return False, f"float {row['type']} kernel in an INT8 model: its QuantizeLinear/DequantizeLinear group " \
                           "was not fused into an integer kernel"
         return True, None

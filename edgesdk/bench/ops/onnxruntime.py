@@ -24,6 +24,9 @@ INTEGER_KERNELS = {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "
                    "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "QLinearConvTranspose",
                    "NhwcQLinearConv", "QEmbedLayerNormalization"}
 CONVERSIONS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+# multiplying ops ONNX Runtime's CPU provider has no integer kernel for (onnxruntime 1.32): their QDQ group stays
+# DequantizeLinear -> float op -> QuantizeLinear
+NO_INTEGER_KERNEL = {"ConvTranspose"}
 # kernels that multiply (where INT8 pays): in an INT8 model one of these in float is a lost gain
 MULTIPLYING = {"Conv", "ConvTranspose", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcFusedConv",
                "Attention"}
