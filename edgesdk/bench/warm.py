@@ -292,23 +292,29 @@ def bench(bundle_path: str | Path, backends: Sequence[tuple[str, str, str]] | No
 
 
 def _child(bundle_path: str, engine: str, device: str, artifact: str, options: BenchOptions) -> dict:
-    """Measure one backend in a fresh process (:func:`edgesdk.child_process.run_child`): its row, or its error."""
-    from ..child_process import run_child
-
+    """Measure one backend in a fresh process (:func:`child_answer`): its row, or its error."""
     args = {"bundle": bundle_path, "engine": engine, "device": device, "artifact": artifact,
             "options": asdict(options)}
+    return child_answer("edgesdk.bench.warm", args, "benchmark")
+
+
+def child_answer(module: str, args: dict, what: str) -> dict:
+    """Run ``module._child_main(ARGS, answer)`` in a fresh process (:func:`edgesdk.child_process.run_child`) and
+    return its dict answer, or raise its error as :class:`BackendUnavailable` (``what`` names the child in it)."""
+    from ..child_process import run_child
+
     try:
-        run = run_child("from edgesdk.bench.warm import _child_main\n_child_main(ARGS, answer)\n", args,
+        run = run_child(f"from {module} import _child_main\n_child_main(ARGS, answer)\n", args,
                         timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("bench_timeout", f"the benchmark child did not finish in {CHILD_TIMEOUT_S} s") \
+        raise BackendUnavailable("bench_timeout", f"the {what} child did not finish in {CHILD_TIMEOUT_S} s") \
             from exc
     if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
         err = run.answer if isinstance(run.answer, dict) else {}
         # the child's reason where it is one of ours; another error (InputError, BundleError) is bench_failed,
         # named in the detail
         reason = BackendReason.lookup(err.get("reason") or "") or BackendReason.BENCH_FAILED
-        detail = err.get("detail") or f"the benchmark child {run.how_it_ended()}: {run.stderr[-1500:].strip()}"
+        detail = err.get("detail") or f"the {what} child {run.how_it_ended()}: {run.stderr[-1500:].strip()}"
         raise BackendUnavailable(reason, detail if reason != BackendReason.BENCH_FAILED or not err.get("error")
                                  else f"{err['error']}: {detail}")
     return run.answer

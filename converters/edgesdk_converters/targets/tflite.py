@@ -232,7 +232,7 @@ def _quantize(quantizer, float_input: str, chosen: list[dict], kept: dict, kept_
 def _interleaved(first: Path, second: Path, rounds: int = 5) -> tuple[float, float]:
     """Median ms per inference of two models on XNNPACK, timed in alternating rounds (noise hits both alike)."""
     from ai_edge_litert.interpreter import Interpreter
-    from edgesdk.bench.ops.litert import time_call
+    from edgesdk.bench.ops.timing import time_call
 
     runs = []
     for path in (first, second):

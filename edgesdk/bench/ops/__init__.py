@@ -18,7 +18,6 @@ name where both graphs have them, and the INT8 ops off the fast kernels counted 
 
 from __future__ import annotations
 
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -243,22 +242,11 @@ def _align(engine: str, name: str) -> str:
 
 
 def _child(bundle_path: str, artifact: str, threads: int | None, min_runs: int, min_seconds: float) -> dict:
-    from ...child_process import run_child
+    from ..warm import child_answer
 
     args = {"bundle": bundle_path, "artifact": artifact, "threads": threads, "min_runs": min_runs,
             "min_seconds": min_seconds}
-    try:
-        run = run_child("from edgesdk.bench.ops import _child_main\n_child_main(ARGS, answer)\n", args,
-                        timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("bench_timeout", f"the profiling child did not finish in {CHILD_TIMEOUT_S} s") \
-            from exc
-    if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
-        err = run.answer if isinstance(run.answer, dict) else {}
-        reason = BackendReason.lookup(err.get("reason") or "") or BackendReason.BENCH_FAILED
-        raise BackendUnavailable(reason, err.get("detail") or
-                                 f"the profiling child {run.how_it_ended()}: {run.stderr[-1500:].strip()}")
-    return run.answer
+    return child_answer("edgesdk.bench.ops", args, "profiling")
 
 
 def _child_main(args: dict, answer) -> None:

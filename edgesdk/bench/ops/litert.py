@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import BackendUnavailable
+from .timing import time_call
 
 KERNEL_FAST = "XNNPACK"
 KERNEL_BUILTIN = "LiteRT builtin"
@@ -219,18 +219,3 @@ def _time_alone(interpreter_class, content: bytearray, sources: list[int], value
     for detail, source in zip(interp.get_input_details(), sources):
         interp.set_tensor(detail["index"], values_run.get_tensor(source).reshape(detail["shape"]))
     return time_call(interp.invoke, min_runs, min_seconds)
-
-
-def time_call(call, min_runs: int, min_seconds: float) -> float:
-    """The median ms of ``call`` over at least ``min_runs`` runs and ``min_seconds``, after two warm-up runs."""
-    call()
-    call()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 20 * min_runs:
-            break
-    return float(np.median(times) * 1e3)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BackendUnavailable
+from .timing import time_call
 
 # kernels that compute on integers (ONNX Runtime's contrib and standard quantized ops)
 INTEGER_KERNELS = {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
@@ -56,7 +57,7 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
         # the whole model's time without the profiler, which costs something per node
         so.enable_profiling = False
         plain = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-        whole_ms = _median_ms(lambda: plain.run(None, feed), min_runs, min_seconds)
+        whole_ms = time_call(lambda: plain.run(None, feed), min_runs, min_seconds)
     per_node: dict[str, dict] = {}
     for event in trace:
         if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
@@ -91,22 +92,6 @@ def _precision(args: dict) -> str:
             if isinstance(entry, dict) and entry:
                 return next(iter(entry))
     return "?"
-
-
-def _median_ms(call, min_runs: int, min_seconds: float) -> float:
-    import time
-
-    for _ in range(2):
-        call()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < min_runs or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 20 * min_runs:
-            break
-    return float(np.median(times) * 1e3)
 
 
 def _repeat(call, min_runs: int, min_seconds: float) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BackendUnavailable
+from .timing import time_call
 
 MULTIPLYING = {"Convolution", "GroupConvolution", "MatMul", "FullyConnected", "Deconvolution", "ConvolutionBackpropData",
                "GroupConvolutionBackpropData"}
@@ -54,16 +55,7 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
     # the whole model's time without the counters, which cost something per primitive
     plain = ov.Core().compile_model(str(model_path), "CPU", {k: v for k, v in config.items() if k != "PERF_COUNT"})
     plain_request = plain.create_infer_request()
-    for _ in range(2):
-        plain_request.infer(feed)
-    whole = []
-    start = time.perf_counter()
-    while len(whole) < min_runs or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        plain_request.infer(feed)
-        whole.append(time.perf_counter() - t0)
-        if len(whole) >= 20 * min_runs:
-            break
+    whole_ms = time_call(lambda: plain_request.infer(feed), min_runs, min_seconds)
     rows = []
     for index, node in enumerate(per_node.values()):
         exec_type = str(node["exec_type"])
@@ -73,6 +65,6 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
         if exec_type.startswith("ref"):
             row["reference_kernel"] = True
         rows.append(row)
-    return {"whole_ms": float(np.median(whole) * 1e3), "ops": rows, "notes": [],
+    return {"whole_ms": whole_ms, "ops": rows, "notes": [],
             "method": "OpenVINO's performance counters (PERF_COUNT=YES): each executed primitive's real time, median "
                       "over the timed runs; exec_type names the oneDNN kernel and the precision it ran in"}
