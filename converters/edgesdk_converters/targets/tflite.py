@@ -139,7 +139,8 @@ CORE_TYPES = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], requantize) -> dict:
     """Which op types the INT8 model keeps float so that XNNPACK runs it fast, measured op by op on this CPU
-    (:mod:`edgesdk.bench.ops.litert`): ``{"kept": {type: reason}, "text": ..., "ms": {...}}``.
+    (:mod:`edgesdk.bench.ops.litert`): ``{"kept": {type: reason}, "kept_ops": [tensor name], "text": ..., "ms":
+    {type: {"fp32": ms, "int8": ms}}}``.
 
     Two kinds, both left to AI Edge Quantizer's ``no_quantize`` by op type (the op then runs in float inside
     XNNPACK between a DEQUANTIZE and a QUANTIZE, which XNNPACK runs too):
@@ -153,8 +154,9 @@ def speed_choice(float_model: Path, int8_model: Path, sample: list[np.ndarray], 
 
     Single int8 ops XNNPACK refused while it takes the others of their type are kept float by name.
 
-    ``requantize(kept, kept_ops)`` writes the model with ``kept`` types and ``kept_ops`` float and returns its path; the choice is kept only
-    when that model is faster as a whole than ``int8_model`` (timed interleaved), else nothing is kept."""
+    ``requantize(kept, kept_ops)`` writes the model with ``kept`` types and ``kept_ops`` float and returns its
+    path; the choice is kept only when that model is ``MIN_GAIN`` faster as a whole than ``int8_model`` (timed
+    interleaved), else nothing is kept."""
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_quantizer.utils.tfl_flatbuffer_utils import TFL_OP_NAME_TO_CODE
     from edgesdk.bench.ops import litert as profiler
