@@ -98,7 +98,8 @@ def fold_weights(model) -> int:
     if not targets:
         return 0
     computed = ov.Model([w for _, w in targets], [], "weights")
-    values = ov.Core().compile_model(computed, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({})
+    compiled = ov.Core().compile_model(computed, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    values = compiled.create_infer_request().infer({})
     for (op, _), value in zip(targets, values.values()):
         op.input(1).replace_source_output(ops.constant(np.asarray(value, np.float32)).output(0))
     model.validate_nodes_and_infer_types()

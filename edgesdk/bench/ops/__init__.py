@@ -29,11 +29,11 @@ MIN_RUNS = 30  # timed runs per op (LiteRT) or per model (ONNX Runtime, OpenVINO
 MIN_SECONDS = 0.02  # ... and at least this long
 CHILD_TIMEOUT_S = 1800
 PROFILERS = ("litert", "onnxruntime", "openvino")
-INTEGER_TYPES = ("int8", "uint8", "int16")
+INTEGER_TYPES = ("int8", "uint8", "int16")  # what a quantized op computes in (int32 index math is not INT8's)
 # each engine's spelling of an element type -> numpy's (ONNX Runtime's profiler says "float", OpenVINO "f32")
 PRECISION_NAMES = {"float": "float32", "f32": "float32", "fp32": "float32", "double": "float64", "f16": "float16",
                    "fp16": "float16", "bf16": "bfloat16", "i8": "int8", "u8": "uint8", "i16": "int16",
-                   "i32": "int32", "i64": "int64", "boolean": "bool"}  # what a quantized op computes in (int32 index math is not INT8's)
+                   "i32": "int32", "i64": "int64", "boolean": "bool"}
 
 
 def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | None = None,
@@ -51,7 +51,8 @@ def profile_artifact(bundle_path: str | Path, artifact_id: str, threads: int | N
 
 
 def profile_model(engine: str, model_path: Path, precision: str, feeds: list, threads: int | None = None,
-                  min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS, precision_hint: str | None = None) -> dict:
+                  min_runs: int = MIN_RUNS, min_seconds: float = MIN_SECONDS,
+                  precision_hint: str | None = None) -> dict:
     """The op rows of one model file on ``engine``'s CPU, in this process, with ``fast``/``why`` set per row
     (``precision``: the artifact's, fp32 or int8; ``precision_hint``: OpenVINO's, as the artifact records it)."""
     if engine not in PROFILERS:
@@ -201,8 +202,8 @@ def compare(profiles: list[dict]) -> list[dict]:
                 r["why"] += f"; the float model's {r['type']} ops are off the fast kernels too"
                 r["float_too"] = True
             elif engine == "litert" and any(o["type"] == r["type"] and o["fast"] for o in int8["ops"]):
-                r["why"] = (f"outside XNNPACK, which takes the other int8 {r['type']} ops: its int8 kernels refuse some "
-                            "quantization parameters (an input scale far from the output's, a broadcast shape)")
+                r["why"] = (f"outside XNNPACK, which takes the other int8 {r['type']} ops: its int8 kernels refuse "
+                            "some quantization parameters (an input scale far from the output's, a broadcast shape)")
         slow = [r for r in int8["ops"] if not r["fast"] and not r.get("float_too")
                 and (r["precision"] in INTEGER_TYPES or engine != "litert")]
         out.append({"engine": engine, "fp32": fp32["artifact"], "int8": int8["artifact"],

@@ -17,8 +17,8 @@ import numpy as np
 from ...errors import BackendUnavailable
 from .timing import time_call
 
-MULTIPLYING = {"Convolution", "GroupConvolution", "MatMul", "FullyConnected", "Deconvolution", "ConvolutionBackpropData",
-               "GroupConvolutionBackpropData"}
+MULTIPLYING = {"Convolution", "GroupConvolution", "MatMul", "FullyConnected", "Deconvolution",
+               "ConvolutionBackpropData", "GroupConvolutionBackpropData"}
 
 
 def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_runs: int, min_seconds: float,
