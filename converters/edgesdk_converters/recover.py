@@ -3,7 +3,8 @@ float, the fewest that make it pass, by each engine's own mechanism (ONNX Runtim
 ``IgnoredScope``, AI Edge Quantizer ``no_quantize`` recipe entries).
 
 First the engine's other range choice is tried with every layer in INT8 (ONNX Runtime's Percentile 99.99, the mean of
-per-sample min/max for NNCF and AI Edge Quantizer: ``OTHER_CALIBRATION``); when it passes nothing is kept in float.
+per-sample min/max for NNCF and AI Edge Quantizer: ``OTHER_CALIBRATION``); when it passes nothing is kept in float
+and the layers are not ranked (the ranking below can take longer than that one trial).
 
 Which layers: first those that multiply nothing (adds, activations, pooling, softmax: no INT8 MACs lost), ranked by
 the layer-by-layer report of :mod:`.layers` (each quantized layer run alone on the float model's inputs: its *added*
@@ -20,7 +21,6 @@ artifact itself.
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 import time
@@ -43,6 +43,9 @@ ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
 MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
              "litert": "ai-edge-quantizer no_quantize"}
 SENSITIVITY_SAMPLES = 4
+# what the first trial is expected to take before any was timed (one re-quantization and validation: no real model
+# takes less), so that a budget too small for any trial starts none
+FIRST_TRIAL_SECONDS = 1.0
 
 
 class _TrialFailed(Exception):
@@ -86,11 +89,19 @@ class Recovery:
     ranged: list[LayerError] = field(default_factory=list)  # in INT8 with the other range choice on their tensors
     budget: float | None = None  # the seconds this artifact was given: its share of the run's recovery budget
 
+    def _unranked(self) -> str:
+        if self.status == "not_needed":
+            return "none: the artifact passes as quantized"
+        if self.status == "recovered":
+            return "none: the other range choice passed with every layer in INT8"
+        return "none: the layers were not ranked (see the note)"
+
     def as_dict(self) -> dict:
         kept_macs = sum(r.macs for r in self.kept)
         out: dict[str, Any] = {
             "status": self.status, "mechanism": self.mechanism,
-            "ranking": f"layers without MACs first, by added error (each quantized layer alone on the float "
+            "ranking": self._unranked() if not self.ranked else
+                       f"layers without MACs first, by added error (each quantized layer alone on the float "
                        f"model's inputs, SNR over {SENSITIVITY_SAMPLES} calibration samples); then the multiplying "
                        f"ones by measured harm per MAC (the validation set's output cosine with only that layer in "
                        f"INT8, everything else float), those not measured in time by added error",
@@ -167,28 +178,12 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     """Keep the fewest layers of ``int8`` in float that make ``check([candidate, ref])`` (the validation entry of
     the candidate) pass. Returns the artifact to keep (the original when nothing passed) and what was done.
     ``options``: the target's build options; ``work``: a scratch directory; ``time_limit``: seconds. No trial starts
-    that would end past the limit by the mean time of this artifact's trials so far; the layer ranking before them
-    runs whatever the limit (it cannot be stopped part way)."""
+    that would end past the limit by the mean time of this artifact's trials so far (``FIRST_TRIAL_SECONDS`` before
+    the first); the layer ranking, after the first trial, runs whatever the limit (it cannot be stopped part way)."""
     started = time.perf_counter()
     engine = int8.engine
     rec = Recovery("failed", before=dict(entry), mechanism=MECHANISM[engine], engine=engine, budget=time_limit)
     options = {k: v for k, v in options.items() if k != "calibration"}
-    try:  # a model the probes cannot read (an op an engine cannot expose) keeps its artifact, never stops quantize
-        ranked, layers = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
-    except Exception as exc:
-        rec.seconds = time.perf_counter() - started
-        rec.note = f"the layers could not be read, nothing was tried: {type(exc).__name__}: {str(exc)[:500]}"
-        say(f"[{int8.id}] recovery stopped: {rec.note}")
-        return int8, rec
-    if engine == "litert":  # AEQ finds an op by its output tensor names: an op whose output has none cannot be kept
-        ranked = [r for r in ranked if tensor_name(r.name)]
-    rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
-    rec.macs = sum(l.macs for l in layers)
-    rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
-    rec.ranked = len(ranked)
-    say(f"[{int8.id}] recovery: {len(ranked)} quantized layers ranked by added error "
-        f"({time.perf_counter() - started:.0f} s); worst: "
-        + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
     target = ENGINE_TARGETS[engine]
     caches: dict[str, dict] = {}
     statistics: dict = {}  # AI Edge Quantizer's, per range choice: shared by every trial whatever its calibration
@@ -255,21 +250,50 @@ def recover(int8: Built, ref: Built, entry: dict, src, calib: list[list[np.ndarr
     def out_of_time(share: float = 1.0) -> bool:
         # a trial is not started when it would likely end past the limit: a budget is kept, not overrun by one trial
         built = [t.seconds for t in rec.trials]
-        expected = sum(built) / len(built) if built else 0.0
+        expected = sum(built) / len(built) if built else FIRST_TRIAL_SECONDS
         if time.perf_counter() - started + expected > time_limit * share:
             cut.append(share)
             return True
         return False
 
+    def rank() -> list[LayerError] | None:
+        """The quantized layers, the free tier first (None: the probes cannot read them, said in the note)."""
+        try:  # a model the probes cannot read (an op an engine cannot expose) keeps its artifact, never stops quantize
+            ranked, layers = sensitivity(int8, ref, calib[:SENSITIVITY_SAMPLES], source)
+        except Exception as exc:
+            rec.note = (f"the layers could not be read, none was kept in float: {type(exc).__name__}: "
+                        f"{str(exc)[:500]}")
+            say(f"[{int8.id}] recovery stopped: {rec.note}")
+            return None
+        if engine == "litert":  # AEQ finds an op by its output tensor names: one whose output has none cannot be kept
+            ranked = [r for r in ranked if tensor_name(r.name)]
+        rec.rank = {id(r): k for k, r in enumerate(worst(ranked), 1)}
+        rec.macs = sum(l.macs for l in layers)
+        rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
+        rec.ranked = len(ranked)
+        say(f"[{int8.id}] recovery: {len(ranked)} quantized layers ranked by added error "
+            f"({time.perf_counter() - started:.0f} s); worst: "
+            + ", ".join(f"{r.source or r.node} ({_db(r)})" for r in ranked[:5]))
+        return ranked
+
     try:
-        # 0. the engine's other range choice, every layer in INT8: when it passes, nothing is kept in float. When it
-        #    only loses less, the search still starts from the artifact's own choice: a range that clips less of one
-        #    tensor can clip another that a layer kept in float would have spared (measured on a 3-layer model:
-        #    the fewest layers to keep grew from 2 to 3)
+        # 0. the engine's other range choice, every layer in INT8: when it passes, nothing is kept in float, and the
+        #    layers are never ranked (on the PP-OCRv4 recognizer, ONNX Runtime's ranking took 38 s, the Percentile
+        #    trial that passed 26). When it only loses less, the search still starts from the artifact's own choice:
+        #    a range that clips less of one tensor can clip another that a layer kept in float would have spared
+        #    (measured on a 3-layer model: the fewest layers to keep grew from 2 to 3)
         other = OTHER_CALIBRATION[engine]
         if not out_of_time(SEARCH_SHARE) and attempt([], other, "calibration")["passed"]:
             calibration, found = other, ([], [])
+            _read_macs(int8, rec, calib[0])
+        elif out_of_time(SEARCH_SHARE):  # no time left for a search: the layers are not ranked either
+            found = None
+            _read_macs(int8, rec, calib[0])
         else:
+            ranked = rank()
+            if ranked is None:
+                rec.seconds = time.perf_counter() - started
+                return int8, rec
             found = search(ranked, attempt, out_of_time, rec.harm, name, ranges=engine in RANGES)
     except _TrialFailed as exc:
         rec.seconds = time.perf_counter() - started
@@ -354,7 +378,7 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
     budget = None
     if failing:
         budget = (Budget(time_limit, "set by recover_time (--recover-time)") if time_limit is not None
-                  else Budget(*_default_budget(source or failing[0], calib[0])))
+                  else Budget(*_default_budget(source or failing[0], calib[0], len(failing))))
         say(f"recovery: {', '.join(b.id for b in failing)} fail{'s' if len(failing) == 1 else ''} the gate; "
             f"{budget.seconds:.0f} s for all of recovery ({budget.how})")
     done: dict[str, Recovery] = {}
@@ -397,9 +421,10 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
     return done, budget
 
 
-def _default_budget(float_model: Built, sample: list[np.ndarray]) -> tuple[float, str]:
-    """:func:`~.recover_budget.default_budget` of a float artifact: its files' size, and its MACs read by the
-    engine's probe when the size alone does not settle the budget (a model the probe cannot read goes by size)."""
+def _default_budget(float_model: Built, sample: list[np.ndarray], artifacts: int = 1) -> tuple[float, str]:
+    """:func:`~.recover_budget.default_budget` of a float artifact and ``artifacts`` failing INT8 artifacts: its files'
+    size, and its MACs read by the engine's probe when the size alone does not settle the budget (a model the probe
+    cannot read goes by size)."""
     size = sum(Path(f).stat().st_size for f in float_model.files)
     if size < SMALL_MODEL_BYTES:
         return default_budget(size)
@@ -407,7 +432,7 @@ def _default_budget(float_model: Built, sample: list[np.ndarray]) -> tuple[float
         macs = sum(layer.macs for layer in _layers(float_model, sample))
     except Exception:  # the size stands in for the MACs, and the budget says so
         macs = None
-    return default_budget(size, macs)
+    return default_budget(size, macs, artifacts)
 
 
 def _layers(b: Built, sample: list[np.ndarray]) -> list:
@@ -443,11 +468,18 @@ def _check_kept(chosen: Built, rec: Recovery, sample: list[np.ndarray]) -> None:
 def _not_needed(b: Built, entry: dict, sample: list[np.ndarray]) -> Recovery:
     rec = Recovery("not_needed", before=dict(entry), after=dict(entry), mechanism=MECHANISM[b.engine],
                    note="the artifact passes its gate as quantized: nothing kept in float")
+    _read_macs(b, rec, sample)
+    return rec
+
+
+def _read_macs(b: Built, rec: Recovery, sample: list[np.ndarray]) -> None:
+    """The MACs of ``b`` and those in INT8, read by the engine's probe into ``rec`` (before anything is kept in
+    float); when its layers cannot be read the shares stay unknown and the note says why."""
     try:
         layers = _layers(b, sample)
-    except Exception as exc:  # the MAC shares stay unknown; the artifact is untouched either way
-        rec.note += f" (its layers could not be read: {type(exc).__name__}: {str(exc)[:300]})"
-        return rec
+    except Exception as exc:  # the MAC shares stay unknown; the artifact is kept as it is either way
+        rec.note = ((rec.note + " ") if rec.note else "") + (f"(its layers could not be read: "
+                                                              f"{type(exc).__name__}: {str(exc)[:300]})")
+        return
     rec.macs = sum(l.macs for l in layers)
     rec.int8_macs_before = sum(l.macs for l in layers if l.quantized)
-    return rec

@@ -339,6 +339,33 @@ def test_auto_leaves_a_passing_artifact_without_a_recovery_entry(models, tmp_pat
     assert all("recovery" not in a for a in manifest["artifacts"])
 
 
+def test_the_other_range_choice_passing_first_skips_the_layer_ranking(models, tmp_path, monkeypatch):
+    """One calibration input 100x the others: OpenVINO's min/max ranges span it and the artifact fails the gate; the
+    mean of per-sample min/max, recovery's first trial, passes with every layer in INT8, so the layers are never
+    ranked (the ranking runs a probe per layer: 38 s on the PP-OCRv4 recognizer, longer than that trial)."""
+    import edgesdk_converters.recover as recover
+
+    ranked = []
+    real = recover.sensitivity
+    monkeypatch.setattr(recover, "sensitivity", lambda *a, **k: ranked.append(1) or real(*a, **k))
+    rng = np.random.default_rng(1)
+    calib = rng.standard_normal((100, 16)).astype(np.float32)
+    calib[7] *= 100.0
+    np.savez(tmp_path / "calib.npz", x=calib)
+    np.savez(tmp_path / "val.npz", x=rng.standard_normal((200, 16)).astype(np.float32))
+    said: list[str] = []
+    result = quantize(models / "passing.onnx", tmp_path / "calib.npz", tmp_path / "o.bundle", val=tmp_path / "val.npz",
+                      samples=100, max_drop=3.0, targets=["openvino"], recover="auto", log=said.append)
+    rec = artifact(result.manifest, "openvino-int8")["recovery"]
+    assert rec["drop_before"] > 3.0, rec  # min/max ranges fail: the premise
+    assert rec["status"] == "recovered" and rec["calibration"] == "mean_minmax" and rec["kept_float"] == []
+    assert [(t["step"], t["passed"]) for t in rec["trials"]] == [("calibration", True)]
+    assert ranked == [] and rec["layers_ranked"] == 0 and rec["ranking"].startswith("none: the other range choice")
+    assert not any("ranked by added error" in line for line in said), said
+    assert rec["macs"] == sum(LAYER_MACS.values()) and rec["int8_mac_share"] == rec["int8_mac_share_before"] == 1.0
+    assert result.manifest["validation"]["openvino-int8"]["passed"]
+
+
 # -- limits: time, and a gate nothing can pass ----------------------------------------------------------------
 
 def test_tiny_recover_time_keeps_the_original_and_still_fails(models, unrecovered, tmp_path):
@@ -456,5 +483,7 @@ def test_layers_that_cannot_be_read_keep_the_artifact_and_quantize_goes_on(model
     manifest, failed = build(models, "failing.onnx", tmp_path / "u.bundle", recover="auto", targets=["onnx"])
     assert isinstance(failed, ValidationFailed)
     rec = artifact(manifest, "onnxruntime-int8")["recovery"]
-    assert rec["status"] == "failed" and rec["trials"] == [] and rec["kept_float"] == []
+    # the other range choice is tried before the layers are ranked; it fails here, and nothing is kept in float
+    assert rec["status"] == "failed" and [t["step"] for t in rec["trials"]] == ["calibration"]
+    assert rec["kept_float"] == [] and not rec["trials"][0]["passed"]
     assert "could not be read" in rec["note"] and "layer 'x'" in rec["note"]

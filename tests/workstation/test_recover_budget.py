@@ -78,6 +78,19 @@ def test_a_larger_model_gets_a_budget_in_proportion_to_its_macs():
     assert default_budget(size, 10**13)[0] == MAX_BUDGET  # the ceiling
 
 
+def test_above_ten_megabytes_each_failing_artifact_adds_its_own_budget():
+    """Each failing artifact runs its own trials: above SMALL_MODEL_BYTES the budget is per failing artifact (the
+    PP-OCRv4 recognizer's three needed 15, 30 and 26 s where one 60 s budget left the third out of time); below it
+    the whole run keeps SMALL_BUDGET whatever fails (two minutes for a small model)."""
+    size = 2 * SMALL_MODEL_BYTES
+    one, three = default_budget(size, 700_000_000), default_budget(size, 700_000_000, artifacts=3)
+    assert three[0] == pytest.approx(3 * 0.7 * SECONDS_PER_GMAC) and one[0] == SMALL_BUDGET  # 42 s: the floor
+    assert "per failing INT8 artifact, 3 failing" in three[1] and "failing" not in one[1]
+    assert default_budget(size, None, artifacts=2)[0] == pytest.approx(2 * default_budget(size, None)[0])
+    assert default_budget(size // 4, 700_000_000, artifacts=3)[0] == SMALL_BUDGET
+    assert default_budget(size, 10**13, artifacts=3)[0] == MAX_BUDGET
+
+
 def test_a_model_whose_macs_cannot_be_read_goes_by_its_size():
     seconds, how = default_budget(100_000_000, None)
     assert seconds == 300.0 and "could not be read" in how
