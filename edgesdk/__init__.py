@@ -21,7 +21,7 @@ from .budgets.pool import ModelPool
 from .bundle.preprocess import Preprocess
 from .trust import Trust
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "load", "ModelPool", "Budgets", "Model", "Result", "Top", "RuntimeOptions", "Placement", "Artifact", "Bundle",

@@ -151,6 +151,31 @@ class BudgetReason(Choice):
 
     MEMORY = "memory"
     THERMAL = "thermal"
+    MONITOR = "monitor"  # the app asked the monitor to refuse while a signal is at alert (MonitorResponse.REFUSE)
+
+
+class AlertLevel(Choice):
+    """A monitor signal's state (:mod:`edgesdk.monitor`), in rising order."""
+
+    OK = "ok"
+    WARN = "warn"
+    ALERT = "alert"
+
+
+class MonitorSignal(Choice):
+    """The signals the monitor raises alerts on (:mod:`edgesdk.monitor`)."""
+
+    INPUT_DRIFT = "input_drift"
+    OUTPUT_DRIFT = "output_drift"
+    ERROR_RATE = "error_rate"
+
+
+class MonitorResponse(Choice):
+    """What the monitor does by itself while a signal is at alert, when the app opts in
+    (``MonitorOptions(respond={...})``); each is bounded and undone when the signal clears."""
+
+    REFUSE = "refuse"  # predict raises BudgetExceeded("monitor")
+    ESCALATE_MORE = "escalate_more"  # a hybrid model escalates more, its threshold moved by at most a cap
 
 
 class CloudReason(Choice):
@@ -177,6 +202,7 @@ class EscalationReason(Choice):
     NO_BACKEND = "no_backend"
     MEMORY = "memory"
     THERMAL = "thermal"
+    MONITOR = "monitor"  # the device model refused: its monitor is at alert and the app asked it to refuse
     LOW_CONFIDENCE = "low_confidence"
     OUT_OF_RANGE = "out_of_range"
 

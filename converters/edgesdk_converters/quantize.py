@@ -22,6 +22,7 @@ from edgesdk.bundle.report import failing_artifacts, timing_report, validation_t
 from . import calibration
 from .bundle_writer import write_manifest
 from .manifest import build_manifest
+from .monitoring import Reference
 from .sources import open_source
 from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
@@ -164,7 +165,9 @@ def quantize(
         say(f"validation: {len(val_ds)} samples ({val_origin})")
         checked = dict(max_drop=max_drop, error_cap=max_error_cap, task=task, metric=opts.metric,
                        output_names=[s.name for s in src.outputs], image_size=pre.size if pre is not None else None)
-        metrics, golden = validate(built, val_ds, progress=bar("validating"), **checked)
+        reference = Reference(src, pre, task, say, calib_samples)
+        reference.add_inputs(calib_samples)
+        metrics, golden = validate(built, val_ds, progress=bar("validating"), observe=reference.observe, **checked)
         phases.end("validation")
         recoveries, budget = recover_bundle(
             built, metrics, opts.recover, src, calib_samples, target_options,
@@ -183,6 +186,9 @@ def quantize(
         manifest = build_manifest(src, pre, names, built, work, calib_samples, calib_ds, picked, seed, metrics, golden,
                              val_origin, opts.name or _default_name(src), opts.version, opts.state, task)
         manifest["build"] = build
+        monitoring = reference.section(softmax=not golden["probabilities"], calibration=len(calib_samples))
+        if monitoring is not None:
+            manifest["monitoring"] = monitoring
         phases.end("writing")
         manifest["timing"] = phases.as_dict() | ({"recovery_budget": budget.as_dict()} if budget else {})
         say("; ".join(line.strip() for line in timing_report(manifest)))

@@ -83,7 +83,9 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
              progress: Callable[[Iterable], Iterable] = iter, error_cap: float = INT8_ERROR_CAP,
              task: TaskSpec | None = None, metric: str | Callable | None = None, *,
              output_names: list[str] | None = None,
-             image_size: tuple[int, int] | None = None) -> tuple[dict, dict]:
+             image_size: tuple[int, int] | None = None,
+             observe: Callable[[list[np.ndarray], dict[str, list[np.ndarray]], Callable[[str], Any], str], None]
+             | None = None) -> tuple[dict, dict]:
     """Return (the validation entry of each artifact id, golden arrays + tolerances).
 
     ``task``: the bundle's resolved task (None: classification of the first output, as before tasks).
@@ -91,7 +93,9 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
     (``"module:function"`` or the function) whose mean score gates instead of the task's metric.
     ``output_names``: the manifest's output names, which the task's roles name (None: the golden float
     artifact's own). ``image_size``: (height, width) of the model's image input, decoded boxes and points are in
-    its pixels (None: read from the first 4-D input of the data).
+    its pixels (None: read from the first 4-D input of the data). ``observe(sample, outputs, decode, golden_id)``:
+    called for every sample with every artifact's outputs (artifact id -> outputs; ``decode(id)`` decodes them by
+    the task, once), for the monitoring reference.
     """
     spec = task if task is not None else TaskSpec.make(TaskType.CLASSIFICATION)
     plugin = load_metric(metric) if metric is not None else None
@@ -129,9 +133,11 @@ def validate(built: list[Built], val: Dataset, max_drop: float | None = None,
             if len(golden_in) < GOLDEN_COUNT:
                 golden_in.append(sample)
                 golden_out.append(ref_golden)
+            decoded: dict[str, Any] = {}
+            if observe is not None:
+                observe(sample, outs, lambda aid: decoder(aid, outs[aid], decoded), golden_id)
             label = None if val.labels is None else int(val.labels[i])
             truth = val.truth.load(i) if truth_scores else None
-            decoded: dict[str, Any] = {}
             for b in built:
                 own, ref_id = outs[b.id], compared_with[b.id]
                 add(tallies[b.id], own[primary], outs[refs[b.engine].id][primary], ref_golden[primary], label, own,

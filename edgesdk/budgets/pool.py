@@ -218,6 +218,14 @@ class ModelPool(Closeable):
         with self._lock:
             return [str(k) for k in self._loaded()]
 
+    def monitors(self) -> dict[str, dict[str, Any]]:
+        """Each loaded model's ``monitor.snapshot()`` (plain data), by bundle path; a model loaded with
+        ``monitor=False`` is left out. An evicted model's monitor goes with it (its sink, if any, got its last
+        snapshot when it was closed)."""
+        with self._lock:
+            models = {str(k): e.model for k, e in self._entries.items() if e.model is not None}
+        return {path: model.monitor.snapshot() for path, model in models.items() if model.monitor is not None}
+
     def state(self) -> dict[str, Any]:
         with self._lock:
             return {"memory_mb": self.memory_mb, "in_use_mb": round(self.in_use_mb(), 1), "loaded": self.loaded,

@@ -157,6 +157,43 @@ TIMING = Obj(optional={
     "phases": ListOf(Obj(required={"phase": NAME, "seconds": _SECONDS}, optional={"target": NAME})),
     "recovery_budget": Obj(optional={"seconds": _SECONDS, "derived": Str(), "spent": _SECONDS}),
 })
+MAX_MONITOR_BINS = 64  # bins per feature of the monitoring reference (quantize writes 10)
+
+
+def _monitor_feature(value: Any) -> str | None:
+    """One feature's reference (edgesdk.monitor.drift): sorted finite edges, one share per bin (one more than the
+    edges), each in [0, 1]."""
+    if not isinstance(value, dict):
+        return f"must be an object with edges and p, got {_show(value)}"
+    edges, shares = value.get("edges"), value.get("p")
+    if not isinstance(edges, list) or not isinstance(shares, list):
+        return "must hold lists 'edges' and 'p'"
+    if len(edges) > MAX_MONITOR_BINS - 1:
+        return f"has {len(edges)} edges; at most {MAX_MONITOR_BINS - 1}"
+    if len(shares) != len(edges) + 1:
+        return f"must have one share per bin (len(p) == len(edges) + 1), got {len(shares)} and {len(edges)}"
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in edges + shares)
+    if not numbers or not all(-1e300 < x < 1e300 for x in edges) or any(a >= b for a, b in zip(edges, edges[1:])):
+        return "edges must be finite numbers in increasing order"
+    if not all(0 <= x <= 1 for x in shares):
+        return "shares (p) must be numbers in [0, 1]"
+    count = value.get("n")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 10**9):
+        return f"n must be an integer from 1 to 1e9, got {_show(count)}"
+    for key in ("mean", "std"):
+        x = value.get(key)
+        if x is not None and (not isinstance(x, (int, float)) or isinstance(x, bool) or not -1e300 < x < 1e300):
+            return f"{key} must be a finite number, got {_show(x)}"
+    return None
+
+
+MONITORING = Obj(optional={
+    "version": Int(1, "a positive integer"), "bins": Int(1, "a positive integer"), "grid": Int(1, "a positive integer"),
+    "inputs_from": Str(), "outputs_from": Str(),
+    "inputs": MapOf(Rule(_monitor_feature)), "outputs": MapOf(Rule(_monitor_feature)),
+    "artifacts": MapOf(Obj(optional={"outputs": MapOf(Rule(_monitor_feature))})),
+})
+
 MANIFEST = Obj(
     required={
         "format_version": Int(), "name": NAME, "version": NAME,
@@ -199,6 +236,8 @@ MANIFEST = Obj(
             "tolerance_per_output": MapOf(ListOf(Num(0.0, expected="a non-negative number"))),
             "mean_tolerance_per_output": MapOf(ListOf(Num(0.0, expected="a non-negative number"))),
         })),
+        # reference statistics of the data the bundle was calibrated and validated on (edgesdk.monitor.reference)
+        "monitoring": Nullable(MONITORING),
         "hybrid": Nullable(Obj(optional={
             "signal": Str(nonempty=True), "threshold": Nullable(_SHARE), "max_clipped": Nullable(_SHARE),
             "device_artifact": Nullable(Str()), "samples": Int(0, "a non-negative integer"),

@@ -1,5 +1,9 @@
 """ONNX Runtime: .onnx on any available execution provider (CPU, CUDA, QNN, OpenVINO EP, CoreML, ...).
 
+ONNX Runtime's own telemetry (events to its vendor, on by default in some builds) is turned off when this module
+is imported (``disable_telemetry_events``), before any session exists: nothing leaves the device unless the app says
+so. ``EDGESDK_ENGINE_TELEMETRY=on`` leaves the engine's default as it is.
+
 With ``cache_dir`` on the CPU provider, the graph ORT optimized at the first load is saved there and
 loaded as it is by later processes (ORT's offline optimization mode), skipping the optimization passes.
 """
@@ -23,6 +27,10 @@ from ..errors import BackendUnavailable, BundleError
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
 CACHE_KIND = "optimized model"
+
+ENGINE_TELEMETRY_ENV = "EDGESDK_ENGINE_TELEMETRY"
+if os.environ.get(ENGINE_TELEMETRY_ENV, "").strip().lower() != "on" and hasattr(ort, "disable_telemetry_events"):
+    ort.disable_telemetry_events()
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}

@@ -206,8 +206,31 @@ class HybridModel(Closeable):
     def labels(self) -> list[str] | None:
         return self._io.labels
 
+    @property
+    def monitor(self) -> Any:
+        """The device model's :class:`~edgesdk.monitor.Monitor` (None without a device model or with
+        ``monitor=False``). It also counts this model's answers by source, escalation reason and degradation, and
+        its ``escalate_more`` response moves this model's threshold toward escalating more (at most its cap)."""
+        return self.device.monitor if self.device is not None else None
+
     def predict(self, x: Any, mode: str | None = None) -> Any:
         """Predict one input (as :meth:`edgesdk.Model.predict` takes it) in this model's mode, or ``mode``."""
+        result = self._predict(x, mode)
+        monitor = self.monitor
+        if monitor is not None:
+            monitor.hybrid(result.source, result.escalation_reason, result.degraded)
+        return result
+
+    def _policy(self) -> EscalationPolicy:
+        """The policy, its threshold moved toward escalating more by the monitor's ``escalate_more`` shift."""
+        monitor = self.monitor
+        shift = monitor.escalation_shift if monitor is not None else 0.0
+        if not shift or self.policy.threshold is None:
+            return self.policy
+        moved = self.policy.threshold - shift if self.policy.signal in HIGH_IS_HARD else self.policy.threshold + shift
+        return replace(self.policy, threshold=min(1.0, max(0.0, moved)))
+
+    def _predict(self, x: Any, mode: str | None) -> Any:
         mode = self.mode if mode is None else HybridMode.parse(mode, "hybrid mode", InputError)
         t0 = time.perf_counter()
         feeds, where = self._io.prepare(x)
@@ -235,7 +258,7 @@ class HybridModel(Closeable):
             return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc, where)
         sig = self.signals(result, feeds)
         result.signals = sig
-        reason = self.policy.reason(sig)
+        reason = self._policy().reason(sig)
         if reason is None:
             return result
         return self._escalate(feeds, t0, reason, result, None, where)

@@ -120,7 +120,8 @@ def load_device(path: str | Path, opts: RuntimeOptions, in_use_mb: Callable[[], 
                 precision_choice=choice, engine_choice=engine_choice)
             return Model(bundle, kept.engine, placement, budget=kept.budget, thermal=opts.budgets.thermal,
                          cost_mb=kept.cost_mb, threads=found.threads, alternatives=kept.alternatives,
-                         check_numerics=opts.check_numerics, engine_options=engine_options, isolate=opts.isolate)
+                         check_numerics=opts.check_numerics, engine_options=engine_options, isolate=opts.isolate,
+                         monitor=opts.monitor or None)
         except BaseException:
             kept.engine.close()
             raise

@@ -6,6 +6,8 @@ they change and shared by its results.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import threading
 import time
@@ -16,11 +18,12 @@ import numpy as np
 from ..budgets import memory
 from ..bundle.reader import Bundle
 from ..bundle.tensors import BundleIO
-from ..choices import BackendReason
+from ..choices import BackendReason, BudgetReason
 from ..engines import Engine
-from ..errors import BackendUnavailable, InputError
+from ..errors import BackendUnavailable, BudgetExceeded, InputError
 from ..frozen import freeze
 from ..lifecycle import Closeable
+from ..monitor.monitor import Monitor, MonitorOptions
 from ..tasks.geometry import Transform
 from .placement import Candidate, Placement
 from ..budgets.thermal.serving import ThermalServing
@@ -35,7 +38,8 @@ class Model(Closeable):
     def __init__(self, bundle: Bundle, engine: Engine, placement: Placement, budget: dict | None = None,
                  thermal: Any = None, cost_mb: float = 0.0, threads: int | None = None,
                  alternatives: Sequence[Candidate] = (), check_numerics: bool = True,
-                 engine_options: dict[str, Any] | None = None, isolate: bool = False):
+                 engine_options: dict[str, Any] | None = None, isolate: bool = False,
+                 monitor: MonitorOptions | None = None):
         self.bundle = bundle
         self.placement = placement  # where load put it; a result's placement is where it really ran
         self.budget = freeze(budget or {})  # read-only: shared by the results (Result.budget), never copied per call
@@ -50,6 +54,11 @@ class Model(Closeable):
         self.io = BundleIO(bundle, None if limit_mb is None else lambda: limit_mb - memory.rss_mb())
         # bound once: called on every prediction
         self._feeds, self._prepare, self._top, self._decode = self.io.feeds, self.io.prepare, self.io.top, self.io.decode
+        self._fingerprint: str | None = None
+        #: The :class:`~edgesdk.monitor.Monitor` watching this model (None when loaded with ``monitor=False``).
+        self.monitor = None if monitor is None else Monitor(
+            bundle.manifest, bundle.preprocess.layout if bundle.preprocess is not None else None, self.io.task,
+            self.io._softmax, self.identity, monitor)
 
     @property
     def labels(self) -> list[str] | None:
@@ -74,8 +83,13 @@ class Model(Closeable):
         manifest; or a float array of the model's input shape (with or without the batch axis);
         or, for several inputs, a list or a {name: array} dict."""
         t0 = time.perf_counter()
-        feeds, transform = self._prepare(x)
-        return self.run_prepared(feeds, t0, transform)
+        try:
+            feeds, transform = self._prepare(x)
+            return self._run(feeds, t0, transform)
+        except Exception as exc:
+            if self.monitor is not None and not _refusal(exc):
+                self.monitor.failed(_reason(exc))
+            raise
 
     def run_prepared(self, feeds: Sequence[np.ndarray], started: float | None = None,
                      transform: Transform | None = None) -> Result:
@@ -89,7 +103,15 @@ class Model(Closeable):
         (None: 0 ms). ``transform``: where the input's pixels lie in the original image (``model.io.prepare(x)``
         gives it), for the task's decoding (None: the model input's own pixels). For callers that prepare inputs themselves: :class:`~edgesdk.hybrid.model.HybridModel` (prepared
         once for the device or the cloud) and calibrate-escalation."""
-        t0 = started
+        try:
+            return self._run(feeds, started, transform)
+        except Exception as exc:
+            if self.monitor is not None and not _refusal(exc):
+                self.monitor.failed(_reason(exc))
+            raise
+
+    def _run(self, feeds: Sequence[np.ndarray], t0: float | None, transform: Transform | None) -> Result:
+        monitor = self.monitor
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
@@ -108,9 +130,14 @@ class Model(Closeable):
                                                                    f"on {placement.artifact}: {exc}") from exc
         t2 = time.perf_counter()
         _check_finite(outputs, self.bundle.name)
-        timings = {"preprocess": (t1 - t0) * 1e3, "inference": (t2 - t1) * 1e3}
-        return Result(outputs, placement, timings, budget=budget, _topk=self._top, _decoder=self._decode,
-                      _transform=transform)
+        pre, inf = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        result = Result(outputs, placement, {"preprocess": pre, "inference": inf}, budget=budget, _topk=self._top,
+                        _decoder=self._decode, _transform=transform)
+        if monitor is not None:
+            monitor.observe(feeds, outputs, pre, inf, result, placement.artifact)
+            if monitor.refusing:  # the model ran and the monitor saw it (so the alert can clear), but no answer
+                raise _refused(self.bundle.name, monitor)
+        return result
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict several inputs (each as :meth:`predict` takes it); results in the same order.
@@ -124,6 +151,14 @@ class Model(Closeable):
         xs = list(xs)  # any iterable of inputs
         if self._thermal is not None or len(xs) < 2:
             return [self.predict(x) for x in xs]
+        try:
+            return self._run_batch(xs)
+        except Exception as exc:
+            if self.monitor is not None and not _refusal(exc):
+                self.monitor.failed(_reason(exc))
+            raise
+
+    def _run_batch(self, xs: list[Any]) -> list[Result]:
         t0 = time.perf_counter()
         prepared = [self._prepare(x) for x in xs]
         batch = [feeds for feeds, _ in prepared]
@@ -141,8 +176,15 @@ class Model(Closeable):
         for i, out in enumerate(outputs):
             _check_finite(out, self.bundle.name, f"input {i} of the batch")
         timings = {"preprocess": (t1 - t0) * 1e3 / len(batch), "inference": (t2 - t1) * 1e3 / len(batch)}
-        return [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top, _decoder=self._decode,
-                       _transform=transform) for out, (_, transform) in zip(outputs, prepared)]
+        results = [Result(out, placement, dict(timings), budget=self.budget, _topk=self._top, _decoder=self._decode,
+                          _transform=transform) for out, (_, transform) in zip(outputs, prepared)]
+        if self.monitor is not None:
+            for feeds, result in zip(batch, results):
+                self.monitor.observe(feeds, result.outputs, timings["preprocess"], timings["inference"], result,
+                                     placement.artifact)
+            if self.monitor.refusing:
+                raise _refused(self.bundle.name, self.monitor)
+        return results
 
     def stream(self) -> "Stream":
         """A :class:`~edgesdk.runtime.stream.Stream` over this stateful model: each ``predict`` feeds the state the
@@ -151,14 +193,61 @@ class Model(Closeable):
         return Stream(self)
 
     # -- lifetime -------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What every monitor figure is about: the bundle (name, version, fingerprint: the first 16 hex digits of
+        the sha256 of its files' sha256s), where it runs now (artifact, engine and its version, device,
+        precision), the CPU class and the edgesdk version."""
+        from ..version import __version__
+
+        if self._fingerprint is None:
+            digests = "".join(sorted(f["sha256"] for f in self.bundle.file_entries()))
+            self._fingerprint = hashlib.sha256(digests.encode()).hexdigest()[:16]
+        p = self._thermal.placement if self._thermal is not None else self.placement
+        return {"bundle": self.bundle.name, "version": self.bundle.manifest.get("version"),
+                "fingerprint": self._fingerprint, "artifact": p.artifact, "engine": p.engine,
+                "engine_version": _engine_version(p.engine), "device": p.device, "precision": p.precision,
+                "cpu_class": _cpu_class(), "edgesdk": __version__}
+
     def close(self) -> None:
         with self._lock:
             if self._engine is not None:
                 self._engine.close()
                 self._engine = None
+        if self.monitor is not None:
+            self.monitor.close()
 
     def __repr__(self) -> str:
         return f"<edgesdk.Model {self.bundle.name!r} on {self.placement}>"
+
+
+def _refused(name: str, monitor: Monitor) -> BudgetExceeded:
+    return BudgetExceeded(BudgetReason.MONITOR, f"model {name!r} refuses while its monitor is at alert on "
+                                                f"{', '.join(monitor.refusing)} (MonitorOptions.respond)")
+
+
+def _refusal(exc: BaseException) -> bool:
+    """A refusal the app asked the monitor for: a decision, not an error of the model."""
+    return isinstance(exc, BudgetExceeded) and exc.reason is BudgetReason.MONITOR
+
+
+def _reason(exc: BaseException) -> str:
+    """An error's reason code for the monitor's error counts (its type's name when it has none)."""
+    reason = getattr(exc, "reason", None)
+    return str(reason) if reason is not None else type(exc).__name__
+
+
+@functools.lru_cache(maxsize=8)
+def _engine_version(engine: str) -> str | None:
+    from ..engines import engine_version  # package metadata: read once per engine
+
+    return engine_version(engine)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_class() -> str:
+    from ..cpu import cpu_class
+
+    return cpu_class()["isa_class"]
 
 
 def _check_finite(outputs: Sequence[np.ndarray], name: str, which: str = "the input") -> None:

@@ -14,6 +14,7 @@ from ..choices import Performance, Policy, SpeedCheck
 from ..bundle.schema import MAX_THREADS  # the same bound as a manifest's runtime.num_threads
 from ..errors import InputError
 from ..hybrid.model import HybridOptions
+from ..monitor.monitor import MonitorOptions
 from ..trust import Trust
 
 
@@ -83,6 +84,10 @@ class RuntimeOptions:
     or a bundle without golden inputs, and the full check also needs no ``engine``/``device`` named and room in
     the memory limit for every engine it opens.
 
+    ``monitor`` (on by default; :mod:`edgesdk.monitor`): ``model.monitor`` keeps rolling windows of what the model
+    sees and does (summaries, never inputs), drift against the bundle's reference and alerts; a
+    :class:`~edgesdk.monitor.MonitorOptions` tunes it, ``False`` turns it off (``model.monitor`` is then None).
+
     ``policy``, ``performance`` and ``speed_check`` take the members of :class:`~edgesdk.choices.Policy`,
     :class:`~edgesdk.choices.Performance` and :class:`~edgesdk.choices.SpeedCheck` or their strings, and hold the
     members: a value that is none of them raises :class:`InputError` here, naming the allowed ones (so does
@@ -106,8 +111,13 @@ class RuntimeOptions:
     speed_check: SpeedCheck | str = SpeedCheck.FULL
     budgets: Budgets = field(default_factory=Budgets)
     hybrid: HybridOptions = field(default_factory=HybridOptions)
+    monitor: MonitorOptions | bool = True
 
     def __post_init__(self):
+        if self.monitor is True:
+            object.__setattr__(self, "monitor", MonitorOptions())
+        elif self.monitor is not False and not isinstance(self.monitor, MonitorOptions):
+            raise InputError(f"monitor must be True, False or a MonitorOptions, got {type(self.monitor).__name__}")
         selection.check_policy(self.policy, None)
         object.__setattr__(self, "policy", Policy(self.policy))
         object.__setattr__(self, "performance", Performance.parse(self.performance, "performance", InputError))
