@@ -8,7 +8,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch goes in first: a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
-EXTRAS ?= litert,openvino,onnxruntime,dev
+# otel: the OpenTelemetry export of the monitor (tests/device/monitor/test_otel.py imports the SDK: never skipped).
+EXTRAS ?= litert,openvino,onnxruntime,otel,dev
 # The cloud side (`edgesdk serve`, KServe) has its own venv: kserve pins protobuf < 7, which the converters need.
 CLOUD_VENV ?= .venv-cloud
 CLOUD_EXTRAS ?= onnxruntime
