@@ -1,6 +1,7 @@
 """The ``edgesdk`` command line: a thin layer over the public functions, one module per side.
 
-- :mod:`.device` (here): ``devices``, ``run``, ``bench``, ``inspect``, ``keygen``/``sign``/``verify``/``pack``.
+- :mod:`.device` (here): ``devices``, ``bench``, ``inspect``, ``keygen``/``sign``/``verify``/``pack``; :mod:`.run`:
+  ``run``; :mod:`.monitoring`: ``monitor`` (a monitor's telemetry file read back).
 - :mod:`edgesdk_converters.cli` (the ``edgesdk-converters`` distribution): ``quantize``, ``demo``,
   ``calibrate-escalation``.
 - :mod:`edgesdk_cloud.cli` (the ``edgesdk-cloud`` distribution): ``serve``, ``export kserve|triton``.
@@ -15,10 +16,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import BackendUnavailable, BudgetExceeded, EdgeSDKError, ValidationFailed
-from . import device  # noqa: F401  (registers the device's commands on the app)
+from . import device, monitoring, run  # noqa: F401  (register the device's commands on the app)
 from ._app import app
 
-__all__ = ["app", "main", "device"]
+__all__ = ["app", "main", "device", "monitoring", "run"]
 
 def _show_failed_artifact_warnings() -> None:
     """Print every :class:`FailedArtifactWarning` (an artifact that failed its validation gate served under
