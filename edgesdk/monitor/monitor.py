@@ -277,13 +277,7 @@ class Monitor:
 
     def on_alert(self, hook: Callable[[Alert], Any]) -> Callable[[Alert], Any]:
         """Call ``hook(alert)`` on every level change (usable as a decorator). Returns ``hook``."""
-        if not callable(hook):
-            raise InputError(f"on_alert takes a callable, got {type(hook).__name__}")
-        with self._lock:
-            if len(self._hooks) >= MAX_HOOKS:
-                raise InputError(f"a monitor takes at most {MAX_HOOKS} alert hooks")
-            self._hooks.append(hook)
-        return hook
+        return self._register(self._hooks, hook, "on_alert", "alert")
 
     def on_evaluate(self, hook: Callable[["Monitor", dict[str, Any]], Any]) -> Callable:
         """Call ``hook(monitor, recent)`` after every evaluation, where ``recent`` holds what happened since the
@@ -291,12 +285,15 @@ class Monitor:
         "inference": [...]}}`` (the latencies of those predictions, oldest first; at most ``window`` of them). This is
         how exporters (:mod:`edgesdk.monitor.otel`) record per-prediction histograms without a cost per prediction.
         A hook that raises is logged. Returns ``hook``."""
+        return self._register(self._evaluate_hooks, hook, "on_evaluate", "evaluate")
+
+    def _register(self, hooks: list[Callable], hook: Callable, method: str, kind: str) -> Callable:
         if not callable(hook):
-            raise InputError(f"on_evaluate takes a callable, got {type(hook).__name__}")
+            raise InputError(f"{method} takes a callable, got {type(hook).__name__}")
         with self._lock:
-            if len(self._evaluate_hooks) >= MAX_HOOKS:
-                raise InputError(f"a monitor takes at most {MAX_HOOKS} evaluate hooks")
-            self._evaluate_hooks.append(hook)
+            if len(hooks) >= MAX_HOOKS:
+                raise InputError(f"a monitor takes at most {MAX_HOOKS} {kind} hooks")
+            hooks.append(hook)
         return hook
 
     def remove_hook(self, hook: Callable) -> None:
@@ -326,8 +323,12 @@ class Monitor:
 
     def responding(self, response: MonitorResponse) -> bool:
         """Whether ``response`` is in force: a signal it is set for is at alert."""
-        return any(r == response and self._levels[s].level is AlertLevel.ALERT
-                   for s, r in self.options.respond.items())
+        return bool(self._in_force(response))
+
+    def _in_force(self, response: MonitorResponse) -> tuple[str, ...]:
+        """The signals at alert whose response is ``response``."""
+        return tuple(str(s) for s, r in self.options.respond.items()
+                     if r is response and self._levels[s].level is AlertLevel.ALERT)
 
     def evaluate(self) -> list[Alert]:
         """Evaluate the signals on the window now (the monitor does it every ``every`` predictions); returns the
@@ -353,8 +354,8 @@ class Monitor:
             if drift[group]:  # the largest excess over the sampling floor
                 feature, entry = max(drift[group].items(), key=lambda kv: kv[1][stat] - kv[1][f"{stat}_floor"])
                 excess = max(0.0, entry[stat] - entry[f"{stat}_floor"])
-                changes += self._update(signal, round(excess, 6), feature, opts.warn, opts.alert, seen)
-        changes += self._update(MonitorSignal.ERROR_RATE, error_rate, None, opts.error_warn, opts.error_alert, seen)
+                changes += self._update(signal, round(excess, 6), feature, seen)
+        changes += self._update(MonitorSignal.ERROR_RATE, error_rate, None, seen)
         with self._lock:
             self._respond()
             recent = self._recent() if self._evaluate_hooks else None
@@ -381,9 +382,16 @@ class Monitor:
                                       statistics)
         return drift
 
-    def _update(self, signal: MonitorSignal, value: float, feature: str | None, warn: float, alert: float,
-                seen: int) -> list[Alert]:
+    def _scale(self, signal: MonitorSignal) -> tuple[str, float, float]:
+        """A signal's statistic and its warn and alert levels."""
         opts = self.options
+        if signal is MonitorSignal.ERROR_RATE:
+            return "share", opts.error_warn, opts.error_alert
+        return opts.statistic, opts.warn, opts.alert
+
+    def _update(self, signal: MonitorSignal, value: float, feature: str | None, seen: int) -> list[Alert]:
+        opts = self.options
+        statistic, warn, alert = self._scale(signal)
         state = self._levels[signal]
         state.value, state.feature = value, feature
         reached = AlertLevel.ALERT if value >= alert else AlertLevel.WARN if value >= warn else AlertLevel.OK
@@ -404,14 +412,12 @@ class Monitor:
         previous, state.level, state.below = state.level, new, 0
         rising = _RANK[new] > _RANK[previous]
         threshold = alert if (new if rising else previous) is AlertLevel.ALERT else warn
-        return [Alert(signal, new, previous, float(value), float(threshold), self.options.statistic
-                      if signal is not MonitorSignal.ERROR_RATE else "share", feature, seen, _now())]
+        return [Alert(signal, new, previous, float(value), float(threshold), statistic, feature, seen, _now())]
 
     def _respond(self) -> None:
         opts = self.options
-        self.refusing = tuple(str(s) for s, r in opts.respond.items()
-                              if r is MonitorResponse.REFUSE and self._levels[s].level is AlertLevel.ALERT)
-        if self.responding(MonitorResponse.ESCALATE_MORE):
+        self.refusing = self._in_force(MonitorResponse.REFUSE)
+        if self._in_force(MonitorResponse.ESCALATE_MORE):
             self.escalation_shift = min(opts.escalate_cap, self.escalation_shift + opts.escalate_step)
         elif self.escalation_shift:
             self.escalation_shift = max(0.0, self.escalation_shift - opts.escalate_step)
@@ -476,9 +482,7 @@ class Monitor:
                 "placement_switches": self._switches, "hybrid": dict(self._hybrid),
                 "escalation_shift": self.escalation_shift,
                 "signals": {str(s): {"level": str(st.level), "value": st.value, "feature": st.feature,
-                                     "statistic": opts.statistic if s is not MonitorSignal.ERROR_RATE else "share",
-                                     "warn": opts.warn if s is not MonitorSignal.ERROR_RATE else opts.error_warn,
-                                     "alert": opts.alert if s is not MonitorSignal.ERROR_RATE else opts.error_alert}
+                                     **dict(zip(("statistic", "warn", "alert"), self._scale(s)))}
                             for s, st in self._levels.items()},
                 "drift": drift,
                 "reference": self.reference is not None,
