@@ -34,7 +34,7 @@ setup-cloud: $(CLOUD_VENV)/.installed
 $(CLOUD_VENV)/.installed: pyproject.toml cloud/pyproject.toml
 	$(PYTHON) -m venv $(CLOUD_VENV)
 	$(CLOUD_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]" -e "./cloud[serve,dev]"
+	$(CLOUD_VENV)/bin/python -m pip install --quiet -e ".[$(CLOUD_EXTRAS)]" -e "./cloud[serve,dev,otel]"
 	touch $@
 
 setup-device: $(DEVICE_VENV)/.installed

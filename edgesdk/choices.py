@@ -176,6 +176,7 @@ class MonitorResponse(Choice):
 
     REFUSE = "refuse"  # predict raises BudgetExceeded("monitor")
     ESCALATE_MORE = "escalate_more"  # a hybrid model escalates more, its threshold moved by at most a cap
+    FLOAT_ARTIFACT = "float_artifact"  # the model serves its float artifact (same engine and device) meanwhile
 
 
 class CloudReason(Choice):

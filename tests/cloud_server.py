@@ -68,7 +68,7 @@ class CloudServer:
     """
 
     def __init__(self, bundle: Path, *args: str, log_dir: Path, host: str = "127.0.0.1",
-                 options: dict[str, Any] | None = None):
+                 options: dict[str, Any] | None = None, env: dict[str, str] | None = None):
         if options is not None and args:
             raise ValueError("give command-line args or API options, not both")
         self.bundle = bundle
@@ -78,6 +78,7 @@ class CloudServer:
         self.port = free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.log = log_dir / f"serve-{self.port}.log"
+        self.env = env  # the server's environment (None: this process's)
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
 
@@ -89,7 +90,8 @@ class CloudServer:
             command = [str(cloud_venv() / "bin" / "python"), "-c", SERVE_API, str(self.bundle), str(self.port),
                        json.dumps(self.options)]
         with open(self.log, "wb") as log:  # a file, not a pipe: a chatty server never blocks on a full pipe
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent,
+                                         env=self.env)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -39,6 +39,12 @@ def serve(
                                        "to arrive (408 past it)."),
     max_pending: int = typer.Option(MAX_PENDING, "--max-pending", help="Requests held at once (503 with "
                                     "Retry-After past it)."),
+    monitor: Optional[Path] = typer.Option(None, "--monitor", help="Watch every answered row as a device's monitor "
+                                           "does and append its snapshots and alerts to this JSON-lines file "
+                                           "(read it with `edgesdk monitor FILE`)."),
+    otel: bool = typer.Option(False, "--otel", help="Export the monitor's figures (the device's OpenTelemetry "
+                              "instruments) over OTLP/HTTP, configured by the OTEL_EXPORTER_OTLP_* environment "
+                              "variables (needs the otel extra: pip install \"edgesdk-cloud\\[otel]\")."),
 ) -> None:
     """Host a bundle's model in KServe's ModelServer, over the Open Inference Protocol V2 REST: the cloud side of
     hybrid mode (needs kserve, the serve extra: pip install "edgesdk-cloud\\[serve]"). Runs until interrupted.
@@ -60,7 +66,7 @@ def serve(
             raise InputError(f"--repository-token-env {repository_token_env}: that environment variable is not set")
     serve_bundle(bundle, artifact=artifact, host=host, port=port, allow_failed=allow_failed, repository_token=token,
                  max_batch=max_batch, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
-                 max_pending=max_pending)
+                 max_pending=max_pending, monitor_file=monitor, otel=otel)
 
 
 export_app = typer.Typer(

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -145,7 +146,7 @@ def _v2_tensor(entry: dict[str, Any], model: str) -> V2Tensor:
 def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127.0.0.1", port: int = 8080,
           allow_failed: bool = False, repository_token: str | None = None, max_batch: int | None = None,
           max_body_bytes: int | None = None, body_timeout_s: float = BODY_TIMEOUT_S,
-          max_pending: int = MAX_PENDING) -> None:
+          max_pending: int = MAX_PENDING, monitor_file: str | Path | None = None, otel: bool = False) -> None:
     """Serve the bundle's model at ``http://host:port/v2/models/<name>`` until SIGINT or SIGTERM (blocks).
 
     ``repository_token`` turns on KServe's model-repository API (load, unload) for requests that carry it as a
@@ -159,6 +160,11 @@ def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127
     worker process. An ``artifact`` that failed its validation gate at quantize time is refused
     (:class:`BundleError`) unless ``allow_failed``, and then served with a
     :class:`~edgesdk.errors.FailedArtifactWarning`.
+
+    Monitoring (:mod:`edgesdk_cloud.telemetry`): with ``monitor_file`` (a JSON-lines file, as ``edgesdk run
+    --monitor``) or ``otel`` (the same OpenTelemetry instruments as a device's :func:`edgesdk.monitor.otel.publish`,
+    exported over OTLP/HTTP where the standard ``OTEL_EXPORTER_OTLP_*`` variables say; the ``otel`` extra), every
+    request row is observed by an :class:`edgesdk.monitor.Monitor` of the served artifact; without either, none runs.
     """
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InputError(f"port must be an integer from 1 to 65535, got {port!r}")
@@ -170,7 +176,10 @@ def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127
     limits = ServeLimits.for_manifest(bundle.manifest, max_batch, max_body_bytes, body_timeout_s, max_pending)
     chosen = bundle.servable_artifact(artifact, allow_failed) if artifact is not None else serving_artifact(bundle)
     bundle.warn_if_failed(chosen.id)
-    model = _bundle_model_class()(bundle, chosen, limits.max_batch)
+    from .telemetry import Telemetry
+
+    telemetry = Telemetry.start(bundle, chosen, monitor_file, otel)  # before the model: a missing extra fails first
+    model = _bundle_model_class()(bundle, chosen, limits.max_batch, telemetry.monitor)
     model.load()
     server = model_server_class()(host, limits, repository_token, http_port=port, workers=1, enable_grpc=False,
                                   enable_docs_url=False)
@@ -180,10 +189,13 @@ def serve(bundle_path: str | Path, artifact: str | None = None, host: str = "127
     print(f"edgesdk: limits: batch <= {limits.max_batch}, body <= {limits.max_body_bytes} bytes within "
           f"{limits.body_timeout_s:g} s, {limits.max_pending} requests at once; model repository API "
           f"{'on (bearer token)' if repository_token else 'off'}", file=sys.stderr, flush=True)
+    if telemetry.monitor is not None:
+        print(f"edgesdk: monitoring: {telemetry.describe()}", file=sys.stderr, flush=True)
     try:
         server.start([model])
     finally:
         model.stop()
+        telemetry.close()
 
 
 def __getattr__(name: str):
@@ -207,8 +219,9 @@ def _bundle_model_class() -> type:
         raises ``kserve.errors.InvalidInput``, which the server answers with 400 ``{"error": ...}``.
         """
 
-        def __init__(self, bundle: Bundle, artifact: Artifact, max_batch: int | None = None):
+        def __init__(self, bundle: Bundle, artifact: Artifact, max_batch: int | None = None, monitor: Any = None):
             super().__init__(bundle.name)
+            self.monitor = monitor  # an edgesdk.monitor.Monitor observing every row answered (None: not watched)
             self.bundle = bundle
             self.artifact = artifact
             self.max_batch = max_batch
@@ -242,11 +255,14 @@ def _bundle_model_class() -> type:
             if not isinstance(payload, InferRequest):  # the V1 route hands over a dict
                 raise InvalidInput(f"model {self.name!r} speaks the Open Inference Protocol V2 only: "
                                    f"POST /v2/models/{self.name}/infer")
+            started = time.perf_counter()
             try:
                 feeds, batch = self.signature.feeds(payload.inputs, self.max_batch)
                 self.signature.check_outputs(payload.request_outputs)
-                arrays = await asyncio.get_running_loop().run_in_executor(None, self._run, feeds, batch)
+                arrays = await asyncio.get_running_loop().run_in_executor(None, self._run, feeds, batch, started)
             except InputError as exc:
+                if self.monitor is not None:
+                    self.monitor.failed(type(exc).__name__)
                 raise InvalidInput(str(exc)) from exc
             outputs = [InferOutput(spec.name, list(a.shape), spec.datatype, data=np.asarray(a, dtype=spec.dtype))
                        for spec, a in zip(self.signature.outputs, arrays)]
@@ -254,15 +270,29 @@ def _bundle_model_class() -> type:
                                  infer_outputs=outputs, use_binary_outputs=payload.use_binary_outputs,
                                  requested_outputs=payload.request_outputs)
 
-        def _run(self, feeds: list[np.ndarray], batch: int) -> list[np.ndarray]:
-            with self._lock:
-                engine = self._engine
-                if engine is None:
-                    raise ModelNotReady(self.name, "its engine is closed")
-                if not self.signature.batched:
-                    return engine.run(feeds)
-                rows = [engine.run([f[i:i + 1] for f in feeds]) for i in range(batch)]
-            return [np.concatenate([row[k] for row in rows]) for k in range(len(rows[0]))]
+        def _run(self, feeds: list[np.ndarray], batch: int, started: float) -> list[np.ndarray]:
+            try:
+                with self._lock:
+                    engine = self._engine
+                    if engine is None:
+                        raise ModelNotReady(self.name, "its engine is closed")
+                    t1 = time.perf_counter()
+                    if not self.signature.batched:
+                        rows = [(feeds, engine.run(feeds))]
+                    else:
+                        rows = [(row, engine.run(row)) for row in ([f[i:i + 1] for f in feeds] for i in range(batch))]
+                    t2 = time.perf_counter()
+            except Exception as exc:
+                if self.monitor is not None and not isinstance(exc, ModelNotReady):
+                    self.monitor.failed(str(getattr(exc, "reason", None) or type(exc).__name__))
+                raise
+            if self.monitor is not None:  # each row as a device's prediction: its share of the request's times
+                pre, inf = (t1 - started) * 1e3 / len(rows), (t2 - t1) * 1e3 / len(rows)
+                for row_feeds, outputs in rows:
+                    self.monitor.observe(row_feeds, outputs, pre, inf, None, self.artifact.id)
+            if len(rows) == 1:
+                return rows[0][1]
+            return [np.concatenate([out[k] for _, out in rows]) for k in range(len(rows[0][1]))]
 
     BundleModel.__qualname__ = "BundleModel"
     return BundleModel

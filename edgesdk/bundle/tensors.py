@@ -61,7 +61,7 @@ class BundleIO:
         self._scores_at = (self.task.output_index("scores", self._output_names) or 0) if self._classifier else 0
         post = self.task.params if self._classifier and bundle.manifest.get("task") else \
             (bundle.manifest.get("postprocess") or {})
-        self._softmax = bool(post.get("softmax"))
+        self._softmax = self.softmax = bool(post.get("softmax"))  # whether a classifier's scores are logits
         top_k = post.get("top_k", 5)
         # a manifest value: anything but a non-negative int gives the default rather than a crash at predict
         self._top_k = top_k if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 0 else 5

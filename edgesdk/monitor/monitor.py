@@ -62,8 +62,13 @@ class MonitorOptions:
     at alert (nothing by default): ``refuse`` runs the model as usual (so the monitor keeps seeing the stream and the
     alert can clear) but raises :class:`~edgesdk.errors.BudgetExceeded` ``monitor`` instead of answering (not counted
     as an error); ``escalate_step`` / ``escalate_cap``: how far ``escalate_more`` moves a hybrid
-    threshold per evaluation at alert, and at most. ``sink``: a JSON-lines file the monitor appends to (a snapshot
+    threshold per evaluation at alert, and at most; ``float_artifact`` serves the bundle's float artifact on the same
+    engine and device until the signal clears (:mod:`edgesdk.runtime.float_response`; not with a thermal budget,
+    which chooses the artifact itself). ``sink``: a JSON-lines file the monitor appends to (a snapshot
     every ``sink_every_s`` seconds at an evaluation, each alert, a last snapshot on close); None writes nothing.
+    ``pending``: predictions whose inputs' read values are held in memory (at most 1 MiB per input, zeroed once
+    summarized; never in a snapshot, sink or export) to be summarized together, which keeps the cost per prediction
+    to one copy; 1 summarizes each prediction during its call (nothing held after it, a few microseconds more).
     """
 
     window: int = 500
@@ -82,9 +87,10 @@ class MonitorOptions:
     escalate_cap: float = 0.1
     sink: Any = None
     sink_every_s: float = 60.0
+    pending: int = 50
 
     def __post_init__(self):
-        for name in ("window", "every", "min_window", "rise", "clear"):
+        for name in ("window", "every", "min_window", "rise", "clear", "pending"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_WINDOW:
                 raise InputError(f"monitor {name} must be an integer from 1 to {MAX_WINDOW}, got {value!r}")
@@ -145,12 +151,14 @@ class Monitor:
     """The monitor of one model (``model.monitor``). Thread-safe. See the module docstring."""
 
     def __init__(self, manifest: Mapping[str, Any], layout: str | None, spec: Any, softmax: bool,
-                 identity: Callable[[], dict[str, Any]], options: MonitorOptions | None = None):
+                 identity: Callable[[], dict[str, Any]], options: MonitorOptions | None = None,
+                 decode: Callable[[Sequence[np.ndarray]], Any] | None = None):
         self.options = opts = options or MonitorOptions()
         self._identity = identity
+        self._decode = decode  # the task's decoding of raw outputs, for an observation that brings no Result
         n = opts.window
         centers = input_centers(manifest)
-        self.inputs = [InputSummary(t["name"], t["shape"], layout if i == 0 else None, n, centers[i])
+        self.inputs = [InputSummary(t["name"], t["shape"], layout if i == 0 else None, n, centers[i], opts.pending)
                        for i, t in enumerate(manifest["inputs"])]
         outputs = manifest["outputs"]
         self.outputs = OutputSummary(spec, [t["name"] for t in outputs], [t["shape"] for t in outputs], softmax, n)
@@ -163,7 +171,7 @@ class Monitor:
         # per-prediction scalars in Python lists (a list store costs a tenth of a numpy one)
         self._pre = [math.nan] * n  # preprocess ms
         self._inf = [math.nan] * n  # inference ms
-        one = self.inputs[0].record if len(self.inputs) == 1 else None
+        one = self.inputs[0].hold if len(self.inputs) == 1 else None
         scores = self.outputs.scores if self.outputs.bulk else None
         self._hot = (one, scores, self.outputs.scores_at, self._pre, self._inf, n)
         self._failures = 0
@@ -187,11 +195,27 @@ class Monitor:
         self._last_sink = 0.0
         self.escalation_shift = 0.0  # how far escalate_more has moved a hybrid threshold (toward escalating more)
         self.refusing: tuple[str, ...] = ()  # the signals at alert whose response is refuse (the model refuses)
+        self.wants_float = False  # a signal whose response is float_artifact is at alert (the model switches)
         self.started = _now()
         if opts.sink is not None:
             from .sink import JsonLinesSink
 
             self._sink = opts.sink if hasattr(opts.sink, "write") else JsonLinesSink(opts.sink)
+
+    @classmethod
+    def for_bundle(cls, bundle: Any, identity: Callable[[], dict[str, Any]], options: MonitorOptions | None = None,
+                   io: Any = None) -> "Monitor":
+        """The monitor of a model of ``bundle`` (a :class:`~edgesdk.bundle.reader.Bundle`): what a loaded
+        :class:`~edgesdk.Model` makes, and what a server that runs the bundle's engine itself (``edgesdk serve``)
+        makes to report the same figures. ``identity``: a callable giving the version identity
+        (:func:`edgesdk.monitor.identity.version_identity`); ``io``: the model's
+        :class:`~edgesdk.bundle.tensors.BundleIO` (made here when None)."""
+        if io is None:
+            from ..bundle.tensors import BundleIO
+
+            io = BundleIO(bundle)
+        layout = bundle.preprocess.layout if bundle.preprocess is not None else None
+        return cls(bundle.manifest, layout, io.task, io.softmax, identity, options, lambda outs: io.decode(list(outs)))
 
     # -- what the model reports -------------------------------------------------
     def observe(self, feeds: Sequence[np.ndarray], outputs: Sequence[np.ndarray], preprocess_ms: float,
@@ -202,7 +226,8 @@ class Monitor:
 
         It takes no lock (the lock costs as much as the rest): two predictions that run at the same moment on one
         model may write the same row, and one of them is then left out of the window, nothing worse. The
-        evaluations and the level changes are serialized."""
+        evaluations and the level changes are serialized. The inputs' read values wait in a small buffer (``pending``
+        predictions, at most 1 MiB per input) and are summarized together (:meth:`InputSummary.hold`)."""
         record, scores, at, pre, inf, window = self._hot  # one attribute read: this runs on every prediction
         seen = self._seen
         i = seen % window
@@ -211,11 +236,11 @@ class Monitor:
                 record(feeds[0], i)
             else:
                 for summary, x in zip(self.inputs, feeds):
-                    summary.record(x, i)
+                    summary.hold(x, i)
             if scores is not None:
                 scores[i] = outputs[at]  # the engine's fresh array, summarized in bulk at the next evaluation
             else:
-                self.outputs.record(outputs, lambda: result.decoded, i)
+                self.outputs.record(outputs, lambda: result.decoded if result is not None else self._decode(outputs), i)
         except Exception as exc:  # a summary never fails the prediction
             self._summary_failed(i, exc)
         pre[i] = preprocess_ms
@@ -417,6 +442,7 @@ class Monitor:
     def _respond(self) -> None:
         opts = self.options
         self.refusing = self._in_force(MonitorResponse.REFUSE)
+        self.wants_float = bool(self._in_force(MonitorResponse.FLOAT_ARTIFACT))
         if self._in_force(MonitorResponse.ESCALATE_MORE):
             self.escalation_shift = min(opts.escalate_cap, self.escalation_shift + opts.escalate_step)
         elif self.escalation_shift:

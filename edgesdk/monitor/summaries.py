@@ -15,8 +15,8 @@ Per input (:class:`InputSummary`), read from the model's prepared input tensor (
   smooth image, lower under sensor noise, higher under blur, which moves neither the means nor much the spread.
 
 At most ``MAX_READ`` elements of an input are read per prediction (an even stride over the flattened tensor beyond,
-so "neighbours" are then that stride apart), in one matrix-vector product (:class:`InputSummary`), whatever the
-input's size.
+so "neighbours" are then that stride apart), whatever the input's size; on the device they are copied aside and
+summarized in bulk every few predictions (:class:`InputSummary`).
 
 Per output (:class:`OutputSummary`), by the bundle's task:
 
@@ -51,22 +51,25 @@ MAX_CLASSES = 32  # predicted_class is kept up to this many classes
 MAX_RAW_OUTPUTS = 4  # outputs summarized for the landmarks and raw tasks
 DYNAMIC_SIDE = 64  # how a dynamic dimension is planned before a real tensor comes
 MAX_PLANS = 32  # tensor shapes whose plans are kept
+MAX_PENDING_BYTES = 1 << 20  # read values held for their summaries, per input (InputSummary.hold)
 KEEP_SCORES = 1024  # a classifier's scores up to this many classes are kept as they are and summarized in bulk
 
 
 class InputSummary:
-    """The summaries of one model input over a ring of ``window`` predictions: :meth:`record` writes one
-    prediction's raw numbers into row ``i``, and :meth:`features` turns the first ``n`` rows into the named features
-    (in bulk).
+    """The summaries of one model input over a ring of ``window`` predictions: :meth:`hold` (on the device) or
+    :meth:`record` (at once) writes one prediction's raw numbers into row ``i``, and :meth:`features` turns the first
+    ``n`` rows into the named features (in bulk).
 
-    A row is one matrix-vector product: the input's read values are copied into a scratch matrix whose first rows
-    are the averaging weights (per channel, per cell) and whose last two rows are the values themselves and the
-    values shifted by one neighbour; the product gives the means, the sum of squares and the sum of neighbours'
-    products at once (three numpy calls in all: each costs a microsecond or two in the cold cache an inference
-    leaves). A second prediction recorded at the same moment on another thread takes a slower path of its own."""
+    A row is a few products of the input's read values (centred): with the averaging weights (per channel, per
+    cell), with themselves (the sum of squares) and with their neighbours. On the device, :meth:`hold` only copies
+    the read values into a small buffer of ``pending`` rows (one numpy call: each costs a microsecond or two in the
+    cold cache an inference leaves) and the rows are made for the whole buffer at once when it is full or when
+    :meth:`features` reads the ring; the buffer is then zeroed. So the read values of at most ``pending`` recent
+    predictions (at most ``MAX_PENDING_BYTES``) are held in memory between two summaries: never in a snapshot, a
+    sink or an export. ``pending=1`` summarizes every prediction at once (nothing held after the call)."""
 
     def __init__(self, name: str, shape: Sequence[int], layout: str | None = None, window: int = 1,
-                 center: float = 0.0):
+                 center: float = 0.0, pending: int = 1):
         self.name = name
         # subtracted from every value before the sums (the middle of the calibrated range, the same at quantize
         # time and on the device): the spread and the smoothness are differences of sums, which an offset swamps
@@ -82,20 +85,15 @@ class InputSummary:
         self._split = k = self.channels + self.cells
         self.names = self._names()
         # per row: means per channel and cell, the sum of squares, the sum of neighbours' products (float64: a
-        # spread is a difference of two such sums, which float32 loses on offset data)
+        # spread is a difference of two such sums)
         self.ring = np.full((window, k + 2), np.nan)
-        self._rows = list(self.ring)
         # per channel means of squares, for several channels (the pooled sum is in ring)
         self.squares = None if self.channels == 1 else np.full((window, self.channels), np.nan)
-        self._square_rows = None if self.squares is None else list(self.squares)
-        count, lag = plan.count, plan.lag
-        self._scratch = np.zeros((k + 2, count))
-        self._scratch[:k] = plan.means
-        self._values = self._scratch[k]
-        self._copy_to = self._values.reshape(self._first_shape) if plan.step == 1 else self._values
-        self._shift_to, self._shift_from = (self._scratch[k + 1, :count - lag], self._values[lag:]) if lag else \
-            (None, None)
-        self._busy = False
+        self._pending_rows = max(1, min(int(pending), window))
+        self._held: np.ndarray | None = None  # the read values waiting for their rows (made at the first hold)
+        self._slots: list[np.ndarray] = []  # its rows, as hold() writes them
+        self._step = 1
+        self._held_at: list[int] = []  # the ring row of each held one (-1: cleared)
 
     def _names(self) -> list[str]:
         if self.channels == 1:
@@ -106,56 +104,92 @@ class InputSummary:
         return stats + [f"{self.name}.cell[{i}]" for i in range(self.cells)] + \
             ([f"{self.name}.smooth"] if self._first.lag else [])
 
-    def record(self, x: np.ndarray, i: int) -> None:
-        """Write one prediction's raw numbers into row ``i``. A tensor of another shape than the manifest's (a
-        dynamic dimension) gets its own plan with the same number of channels and cells, or NaN when it cannot
-        have them."""
-        if x.shape == self._first_shape and not self._busy:
-            self._busy = True
-            try:
-                plan = self._first
-                if plan.step == 1:
-                    np.subtract(x, self.center, out=self._copy_to, casting="unsafe")
-                else:
-                    np.subtract(x.reshape(-1)[::plan.step], self.center, out=self._copy_to, casting="unsafe")
-                if self._shift_to is not None:
-                    np.copyto(self._shift_to, self._shift_from)
-                np.dot(self._scratch, self._values, out=self._rows[i])
-                if self._square_rows is not None:
-                    np.dot(plan.squares, self._values * self._values, out=self._square_rows[i])
-            finally:
-                self._busy = False
-            return
-        self._record_apart(x, i)
+    def hold(self, x: np.ndarray, i: int) -> None:
+        """Keep one prediction's read values for row ``i``; its row is made with the others when the buffer is
+        full or :meth:`features` runs. A tensor of another shape than the manifest's is recorded at once."""
+        if x.shape == self._first_shape and self._slots:  # the path every prediction takes: one copy
+            held = self._held_at
+            j = len(held)
+            np.copyto(self._slots[j], x if self._step == 1 else x.reshape(-1)[::self._step], casting="unsafe")
+            held.append(i)
+            if j + 1 >= self._pending_rows:
+                self.summarize_held()
+        elif x.shape == self._first_shape:
+            self._start_holding(x)
+            self.hold(x, i)
+        else:
+            self.record(x, i)
 
-    def _record_apart(self, x: np.ndarray, i: int) -> None:
-        """The same numbers with temporaries of its own: another shape, or another thread in :meth:`record`."""
+    def _start_holding(self, x: np.ndarray) -> None:
+        plan = self._first
+        rows = max(1, min(self._pending_rows, MAX_PENDING_BYTES // max(1, plan.count * x.dtype.itemsize)))
+        self._pending_rows = rows
+        self._held = np.zeros((rows, plan.count), dtype=x.dtype if x.dtype.kind in "fiub" else np.float64)
+        self._step = plan.step
+        # one view per slot, shaped like the input when every value is read (no reshape per prediction)
+        self._slots = [row.reshape(self._first_shape) if plan.step == 1 else row for row in self._held]
+
+    def summarize_held(self) -> None:
+        """Make the rows of the held predictions (in bulk) and zero the buffer."""
+        at, self._held_at = self._held_at, []
+        if not at:
+            return
+        # two predictions held at the same moment on one model may have taken one slot: the extra entries go
+        m = min(len(at), len(self._held))
+        at = at[:m]
+        values = self._held[:m]
+        try:
+            rows, squares = self._rows_of(values, self._first)
+        finally:
+            values[...] = 0
+        keep = [j for j, i in enumerate(at) if i >= 0]
+        if len(keep) < m:
+            rows, squares = rows[keep], None if squares is None else squares[keep]
+            at = [at[j] for j in keep]
+        self.ring[at] = rows
+        if self.squares is not None:
+            self.squares[at] = squares
+
+    def record(self, x: np.ndarray, i: int) -> None:
+        """Write one prediction's raw numbers into row ``i`` at once. A tensor of another shape than the manifest's
+        (a dynamic dimension) gets its own plan with the same number of channels and cells, or NaN when it cannot
+        have them."""
         plan = self._first
         if x.shape != self._first_shape:
             plan = self._plans.get(x.shape) or self._plan(x.shape)
             if plan.channels != self.channels or plan.cells != self.cells or bool(plan.lag) != bool(self._first.lag):
                 self.clear(i)
                 return
-        v = (x.reshape(-1)[::plan.step] if plan.step > 1 else x.reshape(-1)).astype(np.float64) - self.center
+        flat = x.reshape(-1)
+        rows, squares = self._rows_of((flat[::plan.step] if plan.step > 1 else flat)[None, :], plan)
+        self.ring[i] = rows[0]
+        if self.squares is not None:
+            self.squares[i] = squares[0]
+
+    def _rows_of(self, values: np.ndarray, plan: "_Plan") -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows (and the per channel sums of squares) of ``values``: one prediction's read values per row."""
+        v = values.astype(np.float64) - self.center
         k, first = self._split, self._first
-        row = np.empty(k + 2)
-        row[:k] = plan.means @ v
+        rows = np.empty((len(v), k + 2))
+        rows[:, :k] = v @ plan.means.T
+        vv = v * v
         # the sums on the first plan's scale: features() divides them by its counts
-        row[k] = v.dot(v) * (first.count / plan.count)
-        row[k + 1] = v[plan.lag:].dot(v[:plan.count - plan.lag]) * ((first.count - first.lag) /
-                                                                   (plan.count - plan.lag)) if plan.lag else 0.0
-        self.ring[i] = row
-        if self._square_rows is not None:
-            self._square_rows[i][:] = plan.squares @ (v * v)
+        rows[:, k] = vv.sum(axis=1) * (first.count / plan.count)
+        lag = plan.lag
+        rows[:, k + 1] = np.einsum("ij,ij->i", v[:, lag:], v[:, :plan.count - lag]) * (
+            (first.count - first.lag) / (plan.count - lag)) if lag else 0.0
+        return rows, (None if self.squares is None else vv @ plan.squares.T)
 
     def clear(self, i: int) -> None:
         """Row ``i`` holds no prediction (NaN: left out of every feature)."""
+        self._held_at[:] = [-1 if at == i else at for at in self._held_at]
         self.ring[i] = np.nan
         if self.squares is not None:
             self.squares[i] = np.nan
 
     def features(self, n: int) -> np.ndarray:
         """The first ``n`` rows as features (n x ``len(names)``): mean, std per channel, the cells, smoothness."""
+        self.summarize_held()
         c, k, first = self.channels, self._split, self._first
         rows = self.ring[:n]
         means, cells = rows[:, :c], rows[:, c:k]

@@ -6,8 +6,6 @@ they change and shared by its results.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import math
 import threading
 import time
@@ -18,13 +16,15 @@ import numpy as np
 from ..budgets import memory
 from ..bundle.reader import Bundle
 from ..bundle.tensors import BundleIO
-from ..choices import BackendReason, BudgetReason
+from ..choices import BackendReason, BudgetReason, MonitorResponse
 from ..engines import Engine
 from ..errors import BackendUnavailable, BudgetExceeded, InputError
 from ..frozen import freeze
 from ..lifecycle import Closeable
+from ..monitor.identity import fingerprint, version_identity
 from ..monitor.monitor import Monitor, MonitorOptions
 from ..tasks.geometry import Transform
+from .float_response import FloatResponse
 from .placement import Candidate, Placement
 from ..budgets.thermal.serving import ThermalServing
 from .result import Result
@@ -56,9 +56,14 @@ class Model(Closeable):
         self._feeds, self._prepare, self._top, self._decode = self.io.feeds, self.io.prepare, self.io.top, self.io.decode
         self._fingerprint: str | None = None
         #: The :class:`~edgesdk.monitor.Monitor` watching this model (None when loaded with ``monitor=False``).
-        self.monitor = None if monitor is None else Monitor(
-            bundle.manifest, bundle.preprocess.layout if bundle.preprocess is not None else None, self.io.task,
-            self.io._softmax, self.identity, monitor)
+        self._float = None  # the monitor's float_artifact response, when asked for
+        if monitor is not None and MonitorResponse.FLOAT_ARTIFACT in monitor.respond.values():
+            if thermal is not None:
+                raise InputError("monitor respond float_artifact cannot be combined with a thermal budget: both "
+                                 "choose the artifact a model serves (use refuse or escalate_more with thermal)")
+            self._float = FloatResponse(bundle, placement, threads, check_numerics, engine_options, isolate)
+        self._serving = placement  # where the float response put it (load's placement without one)
+        self.monitor = None if monitor is None else Monitor.for_bundle(bundle, self.identity, monitor, self.io)
 
     @property
     def labels(self) -> list[str] | None:
@@ -116,6 +121,10 @@ class Model(Closeable):
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
             placement, budget = self.placement, self.budget
+            if self._float is not None:
+                if monitor.wants_float is not self._float.on_float:
+                    self._engine, self._serving = self._float.follow(monitor.wants_float, self._engine, self._serving)
+                placement = self._serving
             if self._thermal is not None:
                 # The governor may pace (sleep), cut threads, switch backend, or refuse (BudgetExceeded "thermal").
                 budget = self._thermal.admit()
@@ -165,7 +174,7 @@ class Model(Closeable):
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
-            placement = self.placement
+            placement = self._serving
             t1 = time.perf_counter()
             try:
                 outputs = self._engine.run_many(batch)
@@ -194,19 +203,13 @@ class Model(Closeable):
 
     # -- lifetime -------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
-        """What every monitor figure is about: the bundle (name, version, fingerprint: the first 16 hex digits of
-        the sha256 of its files' sha256s), where it runs now (artifact, engine and its version, device,
-        precision), the CPU class and the edgesdk version."""
-        from ..version import __version__
-
+        """What every monitor figure is about (:func:`edgesdk.monitor.identity.version_identity`): the bundle (name,
+        version, fingerprint), where it runs now (artifact, engine and its version, device, precision), the CPU
+        class and the edgesdk version."""
         if self._fingerprint is None:
-            digests = "".join(sorted(f["sha256"] for f in self.bundle.file_entries()))
-            self._fingerprint = hashlib.sha256(digests.encode()).hexdigest()[:16]
-        p = self._thermal.placement if self._thermal is not None else self.placement
-        return {"bundle": self.bundle.name, "version": self.bundle.manifest.get("version"),
-                "fingerprint": self._fingerprint, "artifact": p.artifact, "engine": p.engine,
-                "engine_version": _engine_version(p.engine), "device": p.device, "precision": p.precision,
-                "cpu_class": _cpu_class(), "edgesdk": __version__}
+            self._fingerprint = fingerprint(self.bundle)
+        p = self._thermal.placement if self._thermal is not None else self._serving
+        return version_identity(self.bundle, self._fingerprint, p.artifact, p.engine, p.device, p.precision)
 
     def close(self) -> None:
         with self._lock:
@@ -234,20 +237,6 @@ def _reason(exc: BaseException) -> str:
     """An error's reason code for the monitor's error counts (its type's name when it has none)."""
     reason = getattr(exc, "reason", None)
     return str(reason) if reason is not None else type(exc).__name__
-
-
-@functools.lru_cache(maxsize=8)
-def _engine_version(engine: str) -> str | None:
-    from ..engines import engine_version  # package metadata: read once per engine
-
-    return engine_version(engine)
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_class() -> str:
-    from ..cpu import cpu_class
-
-    return cpu_class()["isa_class"]
 
 
 def _check_finite(outputs: Sequence[np.ndarray], name: str, which: str = "the input") -> None:

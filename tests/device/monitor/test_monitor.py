@@ -199,6 +199,7 @@ def test_monitor_false_turns_it_off(onnx_bundle, digits):
     (dict(respond={"latency": "refuse"}), "respond signal"),
     (dict(respond={"input_drift": "reboot"}), "respond"),
     (dict(warn=float("nan")), "finite number"),
+    (dict(pending=0), "pending must be an integer"),
 ])
 def test_bad_options_are_refused_where_they_are_built(options, message):
     with pytest.raises(InputError, match=message):
@@ -316,3 +317,93 @@ def test_the_spread_of_offset_data_survives():
         assert std == pytest.approx(float(x.astype(np.float64).std()), rel=1e-3)
     smooth = summary.features(1)[0][summary.names.index("p.smooth")]
     assert -0.6 < smooth < 0.6  # white noise: near 0 once centred
+
+
+@pytest.mark.parametrize("shape, layout, dtype", [
+    ((1, 1, 8, 8), "nchw", np.float32),
+    ((1, 40, 40, 3), "nhwc", np.uint8),
+    ((1, 3, 160, 160), "nchw", np.float32),  # 76,800 values: read with a stride
+])
+def test_held_inputs_give_the_rows_of_inputs_summarized_at_once(shape, layout, dtype):
+    """hold() (the device's path: copies aside, summarized in bulk) and record() (at once, as at quantize time)
+    give the same features, the buffer is zeroed once summarized, and another shape is recorded at once."""
+    from edgesdk.monitor.summaries import InputSummary
+
+    rng = np.random.default_rng(2)
+    xs = [(rng.random(shape) * 200).astype(dtype) for _ in range(23)]
+    held, direct = InputSummary("x", shape, layout, window=16, center=100.0, pending=5), \
+        InputSummary("x", shape, layout, window=16, center=100.0)
+    for k, x in enumerate(xs):
+        held.hold(x, k % 16)
+        direct.record(x, k % 16)
+    assert held._held_at and held._held[:len(held._held_at)].any()  # three of them wait for their rows
+    np.testing.assert_allclose(held.features(16), direct.features(16), rtol=1e-9, atol=1e-9)
+    assert not held._held_at and not held._held.any()  # summarized, then zeroed
+    odd = (rng.random(shape[:1] + tuple(d + 2 if d > 3 else d for d in shape[1:])) * 200).astype(dtype)
+    held.hold(odd, 3)
+    direct.record(odd, 3)
+    assert not held._held_at  # another shape: recorded at once
+    np.testing.assert_allclose(held.features(16), direct.features(16), rtol=1e-9, atol=1e-9)
+
+
+def test_held_inputs_stay_under_the_byte_cap_and_a_cleared_row_is_not_written_back():
+    from edgesdk.monitor.summaries import MAX_PENDING_BYTES, InputSummary
+
+    big = InputSummary("x", (1, 3, 512, 512), "nchw", window=500, pending=500)
+    big.hold(np.ones((1, 3, 512, 512), np.float32), 0)
+    assert big._held.nbytes <= MAX_PENDING_BYTES and big._pending_rows < 500
+    small = InputSummary("x", (1, 16), window=8, pending=4)
+    small.hold(np.ones((1, 16), np.float32), 1)
+    small.clear(1)
+    small.hold(np.ones((1, 16), np.float32), 2)
+    assert np.isnan(small.features(3)[1]).all() and np.isfinite(small.features(3)[2][:2]).all()
+
+
+def test_pending_1_keeps_no_input_after_the_call(onnx_bundle, digits):
+    with _load(onnx_bundle.bundle, pending=1) as model:
+        model.predict(digits[0])
+        summary = model.monitor.inputs[0]
+        assert not summary._held_at and not summary._held.any()
+        assert np.isfinite(summary.ring[0]).all()
+
+
+def test_float_artifact_response_serves_the_float_artifact_while_at_alert_and_goes_back(onnx_bundle, digits):
+    with edgesdk.load(onnx_bundle.bundle, artifact="onnxruntime-int8",
+                      monitor=MonitorOptions(**QUICK, respond={"input_drift": "float_artifact"})) as model:
+        home = model.placement.artifact
+        assert home == "onnxruntime-int8"
+        assert all(model.predict(x).placement.artifact == home for x in digits[:150])
+        served = [model.predict(DARK).placement.artifact for _ in range(300)]
+        assert model.monitor.level("input_drift") is AlertLevel.ALERT and model.monitor.wants_float
+        assert served[-1] == "onnxruntime-fp32" and served[0] == home  # switched once the alert came
+        switch = served.index("onnxruntime-fp32")
+        assert set(served[switch:]) == {"onnxruntime-fp32"}  # never back and forth while at alert
+        assert model.identity()["artifact"] == "onnxruntime-fp32" and model.identity()["precision"] == "fp32"
+        for x in np.concatenate([digits, digits])[:600]:
+            model.predict(x)
+        assert model.monitor.level("input_drift") is AlertLevel.OK
+        assert model.predict(digits[0]).placement.artifact == home  # the next call after the level cleared
+        snap = model.monitor.snapshot()
+    assert snap["placement_switches"] == 2 and snap["errors"] == {}
+
+
+def test_float_artifact_response_stays_put_without_a_float_artifact(onnx_bundle, digits, caplog):
+    with edgesdk.load(onnx_bundle.bundle, artifact="onnxruntime-int8",
+                      monitor=MonitorOptions(**QUICK, respond={"input_drift": "float_artifact"})) as model:
+        model._float.target = None  # as a bundle that ships INT8 only
+        for _ in range(300):
+            assert model.predict(DARK).placement.artifact == "onnxruntime-int8"
+    assert sum("has no float artifact" in r.message for r in caplog.records) == 1
+
+
+def test_float_artifact_response_is_refused_with_a_thermal_budget(onnx_bundle, tmp_path):
+    from edgesdk.budgets.thermal import LinuxThermalZones, ThermalGovernor
+
+    zone = tmp_path / "sys/class/thermal/thermal_zone0"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text("cpu-thermal\n")
+    (zone / "temp").write_text("40000\n")
+    governor = ThermalGovernor(LinuxThermalZones(tmp_path / "sys"), warm_c=70, hot_c=78, critical_c=90)
+    with pytest.raises(InputError, match="float_artifact cannot be combined with a thermal budget"):
+        edgesdk.load(onnx_bundle.bundle, engine="onnxruntime", thermal=governor,
+                     monitor=MonitorOptions(respond={"input_drift": "float_artifact"}))

@@ -9,23 +9,18 @@ missing (``make test`` installs it)."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (ExportMetricsServiceRequest,
-                                                                          ExportMetricsServiceResponse)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, InMemoryMetricReader, Sum
 
@@ -34,6 +29,7 @@ from edgesdk.choices import MonitorSignal
 from edgesdk.errors import InputError
 from edgesdk.monitor import MonitorOptions, otel
 from edgesdk.monitor.otel import publish
+from otlp_receiver import OtlpReceiver, documented
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "samples" / "monitoring"
@@ -43,18 +39,6 @@ CANARY = "canary-7f3a"  # in the path of an input that cannot be read: it must n
 # Monitor.hybrid is what a hybrid model reports each answer with; a device model reports none, so the test reports
 # the answers a hybrid model would (source, escalation reason, degraded, skipped reason).
 HYBRID = [("cloud", "low_confidence", False, None), ("device", None, True, "circuit_open")]
-
-
-def documented() -> dict[str, dict]:
-    """The table of the module docstring: name -> kind, unit, attributes (beside the identity)."""
-    rows = {}
-    for line in otel.__doc__.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| `") and len(cells) == 5:
-            name, kind, unit, attributes, _ = cells
-            rows[name.strip("`")] = {"kind": kind, "unit": unit, "attributes": set(re.findall(r"`([^`]+)`",
-                                                                                             attributes))}
-    return rows
 
 
 def documented_identity() -> set[str]:
@@ -297,44 +281,9 @@ def _sample(bundle, endpoint: str, images: Path, tmp_path) -> subprocess.Complet
     return proc
 
 
-class OtlpReceiver(ThreadingHTTPServer):
-    """What a Collector's OTLP/HTTP receiver does with metrics, on loopback: decodes each export, keeps the names."""
-
-    def __init__(self):
-        self.names: set[str] = set()
-        self.paths: set[str] = set()
-        super().__init__(("127.0.0.1", 0), _OtlpHandler)
-
-
-class _OtlpHandler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        request = ExportMetricsServiceRequest.FromString(body)
-        self.server.paths.add(self.path)
-        self.server.names.update(m.name for rm in request.resource_metrics for sm in rm.scope_metrics
-                                 for m in sm.metrics)
-        answer = ExportMetricsServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_sample_exports_every_device_instrument_over_otlp_http(onnx_bundle, digits_images, tmp_path):
-    receiver = OtlpReceiver()
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    try:
-        proc = _sample(onnx_bundle.bundle, f"http://127.0.0.1:{receiver.server_port}", digits_images / "val",
-                       tmp_path)
-    finally:
-        receiver.shutdown()
-        receiver.server_close()
+    with OtlpReceiver() as receiver:
+        proc = _sample(onnx_bundle.bundle, receiver.url, digits_images / "val", tmp_path)
     assert "400 predictions" in proc.stdout
     assert receiver.paths == {"/v1/metrics"}
     # all but the hybrid counters and the errors (the sample's model is a device model whose calls all answer)
