@@ -208,6 +208,12 @@ class EscalationReason(Choice):
     OUT_OF_RANGE = "out_of_range"
 
 
+class EscalationSkip(Choice):
+    """``Result.escalation_skipped``: why a hybrid model answered on the device an input that wanted the cloud."""
+
+    BUDGET = "budget"  # the escalation budget (token bucket or hard cap) was spent (edgesdk.hybrid.budget)
+
+
 class CacheState(Choice):
     """``Engine.cache_state``: what a load did with the engine's compile cache (None: no cache asked for)."""
 

@@ -140,9 +140,19 @@ def _operational(s: dict[str, Any]) -> dict[str, Any]:
         "placement": _str(s.get("placement")), "placement_switches": _int(s.get("placement_switches")),
         "placements_used": {str(k): v for k, v in _dict(s.get("placements_used")).items() if _int(v) is not None},
         "hybrid": {str(k): v for k, v in _dict(s.get("hybrid")).items() if _int(v) is not None},
+        "escalation": _escalation(_dict(s.get("escalation"))),
         "monitor_errors": _int(s.get("monitor_errors")),
         "reference": s.get("reference") if isinstance(s.get("reference"), bool) else None,
     }
+
+
+def _escalation(e: dict[str, Any]) -> dict[str, Any] | None:
+    """A hybrid model's escalation budget (``snapshot()["escalation"]``, :mod:`edgesdk.hybrid.budget`)."""
+    if not e:
+        return None
+    return {"signal": _str(e.get("signal")), "threshold": _num(e.get("threshold")),
+            "target_rate": _num(e.get("target_rate")), "rate": _num(e.get("rate")), "window": _int(e.get("window")),
+            "escalations": _int(e.get("escalations")), "skipped": _int(e.get("skipped"))}
 
 
 def _signals(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -255,6 +265,12 @@ def _operational_lines(o: dict[str, Any]) -> list[str]:
     lines.append(f"placement: {o['placement'] or '?'}{moved}")
     if o["hybrid"]:
         lines.append("hybrid: " + ", ".join(f"{k} {v}" for k, v in sorted(o["hybrid"].items())))
+    e = o["escalation"]
+    if e:
+        target = f" (target {_g(e['target_rate'])})" if e["target_rate"] is not None else ""
+        lines.append(f"escalation budget: {e['signal'] or '-'} threshold {_g(e['threshold'])}, rate {_g(e['rate'])} "
+                     f"over the last {_opt(e['window'])} inputs{target}; {_opt(e['escalations'])} escalated, "
+                     f"{_opt(e['skipped'])} skipped (budget)")
     if o["monitor_errors"]:
         lines.append(f"monitor: {o['monitor_errors']} predictions could not be summarized (left out of drift)")
     return lines

@@ -33,16 +33,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..choices import BackendReason, CloudReason, EscalationReason, HybridMode
+from ..choices import BackendReason, CloudReason, EscalationReason, EscalationSkip, HybridMode
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError, CloudError, CloudTimeout, InputError
 from ..lifecycle import Closeable
 from ..runtime.result import Result
 from ..tasks.hardness import SIGNALS as TASK_SIGNALS, signals as task_signals
+from .budget import EscalationBudget, warm_start
 from .v2_codec import expected_outputs
 
 log = logging.getLogger("edgesdk.hybrid.model")
 
 MODES = tuple(HybridMode)
+MAX_STEP = 2.0  # the budget's estimator gain, in logit units per input
+MAX_PER_MINUTE = 1e6
+MAX_BURST = 1_000_000
+MAX_RATE_WINDOW = 100_000
 RECHECK_S = 30.0  # a failed model check (other than an outage) is asked again after this long
 CLASSIFICATION_SIGNALS = ("max_prob", "margin", "entropy")
 # Every signal a policy may escalate on: the classifier's, then each task's (edgesdk.tasks.hardness).
@@ -95,11 +100,24 @@ class EscalationPolicy:
     None takes the bundle's calibrated one (``manifest["hybrid"]``, written by ``edgesdk calibrate-escalation``)
     and else :data:`DEFAULT_THRESHOLDS`. ``max_clipped``: escalate when more than this share of the input lies
     outside the calibration range (reason ``out_of_range``; None: never).
+
+    The budget (:mod:`edgesdk.hybrid.budget`; off unless one of these is set): ``target_rate`` holds the share of
+    escalated inputs at that value under drift, the threshold tracking the signal's quantile (``step``: the
+    estimator's gain, in logit units; the start: the bundle's calibrated curve at that rate, else ``threshold``);
+    ``max_per_minute`` and ``burst``: a token bucket (``burst`` default: ``max_per_minute``); ``max_rate``: at most
+    that share of the last ``rate_window`` inputs escalate. An input over the budget gets the device's answer with
+    ``escalation_skipped="budget"``.
     """
 
     signal: str | None = None
     threshold: float | None = None
     max_clipped: float | None = 0.05
+    target_rate: float | None = None
+    step: float = 0.1
+    max_per_minute: float | None = None
+    burst: int | None = None
+    max_rate: float | None = None
+    rate_window: int = 1000
 
     def __post_init__(self):
         if self.signal is not None and self.signal not in SIGNALS:
@@ -109,6 +127,29 @@ class EscalationPolicy:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 0.0 <= value <= 1.0):
                 raise InputError(f"escalation {name} must be a number in [0, 1] or None, got {value!r}")
+        for name, low, high, none in (("target_rate", 0.0, 1.0, True), ("max_rate", 0.0, 1.0, True),
+                                      ("step", 0.0, MAX_STEP, False), ("max_per_minute", 0.0, MAX_PER_MINUTE, True)):
+            value = getattr(self, name)
+            if value is None and none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high \
+                    or (name == "target_rate" and value >= 1.0):
+                closing = ")" if name == "target_rate" else "]"
+                raise InputError(f"escalation {name} must be a number in ({low:g}, {high:g}{closing}"
+                                 f"{' or None' if none else ''}, got {value!r}")
+        for name, low, high, none in (("burst", 1, MAX_BURST, True), ("rate_window", 10, MAX_RATE_WINDOW, False)):
+            value = getattr(self, name)
+            if (value is not None or not none) and (isinstance(value, bool) or not isinstance(value, int)
+                                                    or not low <= value <= high):
+                raise InputError(f"escalation {name} must be an integer from {low} to {high}"
+                                 f"{' or None' if none else ''}, got {value!r}")
+        if self.burst is not None and self.max_per_minute is None:
+            raise InputError("escalation burst sizes a token bucket: set max_per_minute too")
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether a budget applies (a target rate, a token bucket or a hard cap)."""
+        return self.target_rate is not None or self.max_per_minute is not None or self.max_rate is not None
 
     def resolved(self, manifest: dict) -> "EscalationPolicy":
         """This policy with its signal (the task's usual one) and threshold filled in from the bundle's
@@ -118,6 +159,9 @@ class EscalationPolicy:
         if self.signal is None:
             calibrated = (manifest.get("hybrid") or {}).get("signal")
             signal = calibrated if calibrated in SIGNALS else DEFAULT_SIGNAL.get(kind)
+            if signal is None and self.target_rate is not None:
+                raise InputError(f"escalation target_rate tracks a hardness signal; this bundle's task ({kind}) has "
+                                 f"none: use max_per_minute or max_rate alone")
             # a task with no hardness signal (landmarks, embedding, raw): only out-of-range inputs escalate
             return self if signal is None else replace(self, signal=signal).resolved(manifest)
         given_by = ("classification",) if self.signal in CLASSIFICATION_SIGNALS else \
@@ -201,6 +245,21 @@ class HybridModel(Closeable):
             log.warning("the escalation threshold of %r was calibrated on %s; this device runs %s", bundle.name,
                         calibrated_on, device.placement.artifact)
         self.placement = device.placement if device is not None else None
+        #: The budget's state (:class:`~edgesdk.hybrid.budget.EscalationBudget`), None without a budget.
+        self.escalation = self._budget(bundle.manifest)
+
+    def _budget(self, manifest: dict) -> EscalationBudget | None:
+        policy = self.policy
+        if not policy.budgeted:
+            return None
+        start = None
+        if policy.target_rate is not None:  # resolved() gave it a signal and a threshold
+            start = warm_start(manifest, policy.signal, policy.target_rate)
+            start = policy.threshold if start is None else start
+        budget = EscalationBudget(policy, policy.signal in HIGH_IS_HARD, start)
+        if self.monitor is not None:
+            self.monitor.watch_escalation(budget.state)
+        return budget
 
     @property
     def labels(self) -> list[str] | None:
@@ -218,11 +277,17 @@ class HybridModel(Closeable):
         result = self._predict(x, mode)
         monitor = self.monitor
         if monitor is not None:
-            monitor.hybrid(result.source, result.escalation_reason, result.degraded)
+            skipped = result.escalation_skipped
+            monitor.hybrid(result.source, result.escalation_reason if skipped is None else None, result.degraded,
+                           skipped)
         return result
 
     def _policy(self) -> EscalationPolicy:
-        """The policy, its threshold moved toward escalating more by the monitor's ``escalate_more`` shift."""
+        """The policy, its threshold the budget's (a target rate) or moved toward escalating more by the monitor's
+        ``escalate_more`` shift (which a target rate takes as a higher rate instead)."""
+        budget = self.escalation
+        if budget is not None and budget.tracking:
+            return replace(self.policy, threshold=budget.threshold)
         monitor = self.monitor
         shift = monitor.escalation_shift if monitor is not None else 0.0
         if not shift or self.policy.threshold is None:
@@ -259,6 +324,15 @@ class HybridModel(Closeable):
         sig = self.signals(result, feeds)
         result.signals = sig
         reason = self._policy().reason(sig)
+        budget = self.escalation
+        if budget is not None:
+            monitor = self.monitor
+            budget.observe(reason is not None, monitor.escalation_shift if monitor is not None else 0.0)
+            if reason is None:
+                budget.settle(False)
+            elif not budget.admit():  # over the budget: the device's answer, saying what it wanted
+                result.escalation_reason, result.escalation_skipped = reason, EscalationSkip.BUDGET
+                return result
         if reason is None:
             return result
         return self._escalate(feeds, t0, reason, result, None, where)

@@ -193,6 +193,7 @@ class Monitor:
         self._reported_errors: Counter[str] = Counter()
         self._sink = None
         self._last_sink = 0.0
+        self._escalation_state: Callable[[], dict[str, Any]] | None = None  # a hybrid model's budget, if any
         self.escalation_shift = 0.0  # how far escalate_more has moved a hybrid threshold (toward escalating more)
         self.refusing: tuple[str, ...] = ()  # the signals at alert whose response is refuse (the model refuses)
         self.wants_float = False  # a signal whose response is float_artifact is at alert (the model switches)
@@ -299,6 +300,11 @@ class Monitor:
                 self._hybrid["degraded"] += 1
             if skipped is not None:
                 self._hybrid[f"skipped:{skipped}"] += 1
+
+    def watch_escalation(self, state: Callable[[], dict[str, Any]]) -> None:
+        """Show a hybrid model's escalation budget (``state()``: its threshold, target and recent rate, skips) in
+        :meth:`snapshot` as ``escalation`` (:mod:`edgesdk.hybrid.budget`)."""
+        self._escalation_state = state
 
     def on_alert(self, hook: Callable[[Alert], Any]) -> Callable[[Alert], Any]:
         """Call ``hook(alert)`` on every level change (usable as a decorator). Returns ``hook``."""
@@ -514,6 +520,8 @@ class Monitor:
                 "reference": self.reference is not None,
             }
         snap["identity"] = self._identity_safe()["identity"]
+        if self._escalation_state is not None:
+            snap["escalation"] = self._escalation_state()
         stages = {"preprocess": latency[:, 0], "inference": latency[:, 1], "total": latency.sum(axis=1)}
         snap["latency_ms"] = {stage: _percentiles(v) for stage, v in stages.items()}
         snap["outputs"] = {name: _distribution(outputs[:, j]) for j, name in enumerate(self.outputs.names)} \

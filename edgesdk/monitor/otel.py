@@ -21,7 +21,9 @@ a duration histogram in seconds; ``error.type`` for the error's kind; counts in 
 | `edgesdk.hybrid.answers` | counter | {answer} | `edgesdk.hybrid.source` | a hybrid model's answers by side (`device`, `cloud`) |
 | `edgesdk.hybrid.escalations` | counter | {escalation} | `edgesdk.hybrid.reason` | its escalations by reason (`low_confidence`, `out_of_range`, `thermal`...) |
 | `edgesdk.hybrid.degraded` | counter | {answer} | - | its answers given by the device because the cloud failed |
-| `edgesdk.hybrid.skipped` | counter | {escalation} | `edgesdk.hybrid.reason` | its escalations not tried, by reason |
+| `edgesdk.hybrid.skipped` | counter | {escalation} | `edgesdk.hybrid.reason` | its escalations not tried, by reason (`budget`: the escalation budget was spent) |
+| `edgesdk.hybrid.threshold` | gauge | 1 | `edgesdk.hybrid.signal` | with an escalation budget (`EscalationPolicy(target_rate=...)`): the threshold in force, on that hardness signal |
+| `edgesdk.hybrid.escalation_rate` | gauge | 1 | - | with an escalation budget: the share of its last `rate_window` inputs that went to the cloud |
 
 Every figure also carries the model's version identity (``Model.identity()``): ``edgesdk.bundle.name``,
 ``edgesdk.bundle.version``, ``edgesdk.bundle.fingerprint``, ``edgesdk.artifact.id``, ``edgesdk.engine.name``,
@@ -29,7 +31,8 @@ Every figure also carries the model's version identity (``Model.identity()``): `
 ``edgesdk.sdk.version`` (one whose value is unknown is left out). No attribute holds anything of an input: the
 values are the identity, the enums' strings, error reason codes or type names, and the manifest's feature names,
 each cut to ``MAX_ATTRIBUTE_CHARS``. Gauges are left out until there is a value (a signal before its first
-evaluation, drift for a bundle without a reference); the hybrid figures appear once a hybrid model has answered.
+evaluation, drift for a bundle without a reference, the budget's for a model without one); the hybrid figures appear
+once a hybrid model has answered.
 
 Costs: nothing per prediction. At each of the monitor's evaluations (``on_evaluate``, every ``MonitorOptions.every``
 predictions) the latencies of the predictions since the previous one (at most ``window`` of them) are kept, and
@@ -99,6 +102,8 @@ INSTRUMENTS = (
     ("edgesdk.hybrid.escalations", "counter", "{escalation}", "A hybrid model's escalations by reason"),
     ("edgesdk.hybrid.degraded", "counter", "{answer}", "Device answers given because the cloud failed"),
     ("edgesdk.hybrid.skipped", "counter", "{escalation}", "Escalations not tried, by reason"),
+    ("edgesdk.hybrid.threshold", "gauge", "1", "A hybrid model's escalation threshold (its budget's)"),
+    ("edgesdk.hybrid.escalation_rate", "gauge", "1", "Share of recent inputs a hybrid model escalated"),
 )
 
 Attributes = Mapping[str, str]
@@ -240,6 +245,13 @@ class Publication(Closeable):
         if snap.get("memory_mb") is not None:
             out["edgesdk.memory.usage"].append((int(snap["memory_mb"] * MB), base))
         out["edgesdk.hybrid.escalation_shift"].append((float(snap.get("escalation_shift") or 0.0), base))
+        budget = snap.get("escalation")
+        if budget:
+            if budget.get("threshold") is not None and budget.get("signal"):
+                out["edgesdk.hybrid.threshold"].append(
+                    (float(budget["threshold"]), {**base, "edgesdk.hybrid.signal": _text(budget["signal"])}))
+            if budget.get("rate") is not None:
+                out["edgesdk.hybrid.escalation_rate"].append((float(budget["rate"]), base))
         for (name, label, identity), total in self._count(snap).items():
             attribute = _LABELS.get(name)
             out[name].append((total, {**dict(identity), attribute: label} if attribute else dict(identity)))

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..bundle.tensors import Top
-from ..choices import EscalationReason
+from ..choices import EscalationReason, EscalationSkip
 from ..frozen import FrozenDict, thaw
 from ..tasks.results import Decoded, Detection, Landmarks, Mask, TextLine
 from .placement import Placement
@@ -26,8 +26,9 @@ class Result:
 
     In hybrid mode (:mod:`edgesdk.hybrid.model`) also: ``source`` (``device`` / ``cloud``), ``escalation_reason``
     (why the cloud was asked), ``degraded`` (the cloud failed and the device answered), ``cloud_error`` (the
-    cloud failure's reason) and ``signals`` (the device output's hardness signals). ``placement`` is the
-    device's, None when the cloud answered a model that has no device backend.
+    cloud failure's reason), ``escalation_skipped`` (``budget``: it wanted the cloud, for ``escalation_reason``, but
+    the escalation budget was spent, so the device answered) and ``signals`` (the device output's hardness signals).
+    ``placement`` is the device's, None when the cloud answered a model that has no device backend.
 
     The top-k postprocessing runs when ``top`` is first read (an app that only needs the raw outputs
     does not pay for it); ``timings_ms["postprocess"]`` is recorded then.
@@ -48,6 +49,7 @@ class Result:
     degraded: bool = False
     signals: dict[str, float | None] | None = None
     cloud_error: str | None = None
+    escalation_skipped: EscalationSkip | None = None
     _topk: Any = field(default=None, repr=False, compare=False)
     _top: list[Top] | None = field(default=None, repr=False, compare=False)
     _decoder: Any = field(default=None, repr=False, compare=False)
@@ -117,7 +119,7 @@ class Result:
                "backend": f"{where.engine}:{where.device}:{where.artifact}" if self.source == "device" and
                where is not None else None,
                "escalation_reason": self.escalation_reason, "degraded": self.degraded,
-               "cloud_error": self.cloud_error, "signals": self.signals, "top": [t._asdict() for t in self.top],
+               "cloud_error": self.cloud_error, "escalation_skipped": self.escalation_skipped, "signals": self.signals, "top": [t._asdict() for t in self.top],
                "timings_ms": dict(self.timings_ms), "budget": thaw(self.budget)}
         if self._decoder is not None:
             out.update(self.decoded.to_dict())  # task, and the task's fields (detections, masks, text...)

@@ -28,6 +28,8 @@ import edgesdk
 from edgesdk.choices import MonitorSignal
 from edgesdk.errors import InputError
 from edgesdk.monitor import MonitorOptions, otel
+from edgesdk.hybrid.budget import EscalationBudget
+from edgesdk.hybrid.model import SIGNALS, EscalationPolicy
 from edgesdk.monitor.otel import publish
 from otlp_receiver import OtlpReceiver, documented
 
@@ -85,6 +87,12 @@ def _run(model, digits, n=PREDICTIONS):
         model.predict(f"/nonexistent/{CANARY}.png")
     for answer in HYBRID:
         model.monitor.hybrid(*answer)
+    # a hybrid model's escalation budget, as HybridModel attaches it (its own tests: tests/device/hybrid)
+    budget = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.6, target_rate=0.1), False, 0.6)
+    model.monitor.watch_escalation(budget.state)
+    for wanted in (True, False, False):
+        budget.observe(wanted)
+        budget.admit() if wanted else budget.settle(False)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +167,8 @@ def test_no_attribute_holds_anything_of_an_input(published):
         "edgesdk.stage": set(otel.STAGES), "edgesdk.monitor.signal": set(MonitorSignal.values()),
         "edgesdk.monitor.statistic": {"psi", "js", "share"}, "edgesdk.monitor.feature": features,
         "error.type": set(snapshot["errors"]), "edgesdk.hybrid.source": {"device", "cloud"},
-        "edgesdk.hybrid.reason": {"low_confidence", "circuit_open"}} | {k: {v} for k, v in identity.items()}
+        "edgesdk.hybrid.reason": {"low_confidence", "circuit_open"},
+        "edgesdk.hybrid.signal": set(SIGNALS)} | {k: {v} for k, v in identity.items()}
     seen = set()
     for metric in metrics.values():
         for point in metric.data.data_points:
