@@ -158,7 +158,11 @@ class EscalationPolicy:
             "classification" if (manifest.get("postprocess") or {}).get("type") == "classification" else "raw"))
         if self.signal is None:
             calibrated = (manifest.get("hybrid") or {}).get("signal")
-            signal = calibrated if calibrated in SIGNALS else DEFAULT_SIGNAL.get(kind)
+            if calibrated is not None and calibrated not in SIGNALS:
+                raise BundleError(f"the bundle's calibrated escalation signal {calibrated!r} (manifest hybrid.signal) "
+                                  f"is not one this edgesdk knows ({', '.join(SIGNALS)}): calibrate it again, or "
+                                  f"name the signal: EscalationPolicy(signal=...)")
+            signal = calibrated if calibrated is not None else DEFAULT_SIGNAL.get(kind)
             if signal is None and self.target_rate is not None:
                 raise InputError(f"escalation target_rate tracks a hardness signal; this bundle's task ({kind}) has "
                                  f"none: use max_per_minute or max_rate alone")

@@ -45,6 +45,15 @@ def test_policy_reasons():
     assert entropy.reason({"entropy": 0.4, "clipped_share": 0.9}) is None
 
 
+def test_an_unknown_calibrated_signal_is_refused_not_ignored():
+    from edgesdk.errors import BundleError
+
+    calibrated = {"hybrid": {"signal": "vibes", "threshold": 0.4}}
+    with pytest.raises(BundleError, match=r"calibrated escalation signal 'vibes' \(manifest hybrid.signal\) is not one"):
+        EscalationPolicy().resolved(calibrated)
+    assert EscalationPolicy(signal="margin").resolved(calibrated).threshold == DEFAULT_THRESHOLDS["margin"]
+
+
 def test_policy_threshold_comes_from_the_bundle_then_the_default():
     calibrated = {"hybrid": {"signal": "max_prob", "threshold": 0.83}}
     assert EscalationPolicy().resolved(calibrated).threshold == 0.83
