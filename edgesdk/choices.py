@@ -119,6 +119,31 @@ class TaskType(Choice):
     RAW = "raw"
 
 
+class InstallStep(Choice):
+    """The steps of :meth:`edgesdk.BundleStore.install`, in the order they run, as its ``progress`` callback is told
+    (a step may be told more than once: ``download`` per chunk, ``copy`` per file, ``prune`` per version)."""
+
+    STAGE = "stage"
+    DOWNLOAD = "download"
+    EXTRACT = "extract"
+    COPY = "copy"
+    VERIFY = "verify"
+    SELF_CHECK = "self_check"
+    PUBLISH = "publish"
+    ROLLOUT = "rollout"
+    ACTIVATE = "activate"
+    PRUNE = "prune"
+    DONE = "done"
+
+
+class VersionState(Choice):
+    """A version's state in a :class:`~edgesdk.BundleStore` (``StoreVersion.state``)."""
+
+    ACTIVE = "active"  # what the store serves (``on probation`` until it passes it)
+    PREVIOUS = "previous"  # kept to roll back to, newest first
+    STAGED = "staged"  # installed and checked, not activated: this device is outside its rollout
+    REJECTED = "rejected"  # failed its self-check, or rolled back from in probation; never re-activated by itself
+
 # -- reasons --------------------------------------------------------------------------------------------------------
 
 class BackendReason(Choice):
@@ -179,6 +204,27 @@ class MonitorResponse(Choice):
     FLOAT_ARTIFACT = "float_artifact"  # the model serves its float artifact (same engine and device) meanwhile
 
 
+class StoreReason(Choice):
+    """``StoreError.reason`` (:mod:`edgesdk.store`), and the code a version's recorded reason starts with
+    (``StoreVersion.reason``, the store's history): the last five are recorded, never raised."""
+
+    NO_ACTIVE_VERSION = "no_active_version"  # load / active_path on a store with nothing active
+    NO_PREVIOUS_VERSION = "no_previous_version"  # rollback with no kept version to go back to
+    UNKNOWN_VERSION = "unknown_version"  # activate names no version the store holds
+    REJECTED_BEFORE = "rejected_before"  # install / activate of a rejected version without allow_rejected
+    NOT_A_STORE = "not_a_store"  # the root is a file, or a folder of something else
+    BAD_SOURCE = "bad_source"  # not a bundle folder, an .edgebundle or an http(s) URL
+    DOWNLOAD_FAILED = "download_failed"  # HTTP error, refused redirect, connection lost after the retries, timeout
+    TOO_LARGE = "too_large"  # over the store's size cap (announced or counted)
+    SELF_CHECK_FAILED = "self_check_failed"  # the bundle did not load and reproduce its golden outputs here
+    NOT_CHECKED = "not_checked"  # it loaded, but nothing checked its numerics (no golden data)
+    PROBATION_ALERT = "probation_alert"  # recorded: rolled back from for a monitor alert during probation
+    LOAD_FAILED = "load_failed"  # recorded: rolled back from because it failed to load during probation
+    MANUAL = "manual"  # recorded: rolled back from by rollback()
+    NOT_IN_ROLLOUT = "not_in_rollout"  # recorded: staged, this device is outside the version's rollout_percent
+    RECOVERY = "recovery"  # recorded: the pointer named a version that is gone or incomplete; an older one serves
+
+
 class CloudReason(Choice):
     """``CloudError.reason`` (:mod:`edgesdk.hybrid.client`)."""
 
@@ -224,4 +270,5 @@ class CacheState(Choice):
 
 
 __all__ = ["Choice", "Policy", "Performance", "SpeedCheck", "HybridMode", "CriticalMode", "BackendReason",
-           "BudgetReason", "CloudReason", "EscalationReason", "CacheState", "TaskType"]
+           "BudgetReason", "CloudReason", "EscalationReason", "CacheState", "TaskType", "InstallStep", "VersionState",
+           "StoreReason"]

@@ -12,6 +12,8 @@
      |    +-- CalibrationError  the calibration/validation data is empty, corrupt or does not fit the model
      |    +-- TargetsFailed     one or more targets could not be built; the bundle holds the others (or none built)
      +-- ValidationFailed       an INT8 artifact lost more accuracy than allowed
+     +-- StoreError             a BundleStore refused: nothing to roll back to, a download failed, a version failed
+     |                          its self-check here (``reason``: a StoreReason; the state it found is in the message)
  +-- CloudError             the cloud endpoint did not answer a call (``reason``, HTTP ``status`` when one came)
       +-- CloudTimeout      the call's deadline passed
       +-- CloudUnavailable  unreachable, overloaded (429/5xx after retries), circuit open or retry budget spent
@@ -27,7 +29,7 @@ original chained (``raise ... from exc``).
 
 from __future__ import annotations
 
-from .choices import BackendReason, BudgetReason, CloudReason
+from .choices import BackendReason, BudgetReason, CloudReason, StoreReason
 
 
 class EdgeSDKError(Exception):
@@ -122,6 +124,19 @@ class ValidationFailed(EdgeSDKError):
         self.failing = failing
         self.bundle = bundle
 
+
+class StoreError(EdgeSDKError):
+    """A :class:`~edgesdk.BundleStore` refused an install, an activation, a rollback or a load.
+
+    ``reason`` is a :class:`~edgesdk.choices.StoreReason` (``no_previous_version``, ``self_check_failed``,
+    ``download_failed``, ``too_large`` ...); ``detail`` is for humans and names the store's state (its active version).
+    A bundle that fails its checksums or its signature raises :class:`BundleError` instead, as a load would.
+    """
+
+    def __init__(self, reason: StoreReason | str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = StoreReason.coerce(reason)
+        self.detail = detail
 
 class CloudError(EdgeSDKError):
     """A call to the cloud endpoint failed.

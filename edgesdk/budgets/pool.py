@@ -1,4 +1,6 @@
-"""ModelPool: several bundles under one memory budget (a detector, a classifier and an OCR model)."""
+"""ModelPool: several bundles under one memory budget (a detector, a classifier and an OCR model), each from a bundle
+folder or from a :class:`~edgesdk.BundleStore` (its active version, reloaded onto a new one with
+:meth:`ModelPool.reload`)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class _Entry:
     last_used: float
     leases: int = 0  # calls holding the model now: it is not evicted until they return
     error: Exception | None = None  # why its load failed (or the pool closed meanwhile): raised to those who waited
+    retired: bool = False  # replaced by reload() while leased: closed when its last lease ends
 
 
 class ModelPool(Closeable):
@@ -48,6 +51,10 @@ class ModelPool(Closeable):
 
     The pool accounts memory as the process RSS when it was created plus each loaded model's
     measured cost (RSS after freeing a model does not shrink reliably, so live RSS would lie).
+
+    A :class:`~edgesdk.BundleStore` may stand where a path goes (``pool.predict(store, x)``, ``get``, ``lease``,
+    ``unload``): the pool serves the store's active version under the store's own key, lets the store watch a version
+    on probation (:meth:`~edgesdk.BundleStore.watch`), and :meth:`reload` moves it onto the version active now.
     """
 
     def __init__(self, memory_mb: float, options: RuntimeOptions | None = None, *, wait_s: float = 30.0,
@@ -64,6 +71,9 @@ class ModelPool(Closeable):
         self._options = replace(opts, budgets=replace(opts.budgets, memory_mb=self.memory_mb))
         self._baseline_mb = memory.rss_mb()
         self._entries: dict[Path, _Entry] = {}  # loaded models, and the one loading (model None)
+        self._sources: dict[Path, Any] = {}  # a store's key -> the store (its root: the pool's key for it)
+        self._retired: list[_Entry] = []  # replaced by reload() while leased; closed when their leases end
+        self._closed = False
         self._loading: Path | None = None  # the bundle loading now, outside the lock
         self._lock = threading.RLock()  # held only briefly: never across a load, a close or a call on a model
         self._changed = threading.Condition(self._lock)  # notified when a lease ends, a load ends, models go
@@ -71,25 +81,32 @@ class ModelPool(Closeable):
 
     def in_use_mb(self) -> float:
         with self._lock:
-            return self._baseline_mb + sum(e.model.cost_mb for e in self._entries.values() if e.model is not None)
+            entries = [*self._entries.values(), *self._retired]
+            return self._baseline_mb + sum(e.model.cost_mb for e in entries if e.model is not None)
 
     def get(self, path: str | Path) -> Model:
         """The loaded model for ``path``, loading it (and evicting idle ones) when needed. Not leased: see the
         class docstring."""
-        return self._acquire(_key(path), lease=False).model
+        return self._acquire(self._key(path), lease=False).model
 
     @contextmanager
     def lease(self, path: str | Path) -> Iterator[Model]:
         """``with pool.lease(path) as model:`` the model for ``path``, which the pool does not evict until the
         block ends."""
-        entry = self._acquire(_key(path), lease=True)
+        entry = self._acquire(self._key(path), lease=True)
         try:
             yield entry.model
         finally:
+            retired = None
             with self._lock:
                 entry.leases -= 1
                 entry.last_used = time.monotonic()
+                if entry.retired and not entry.leases and entry in self._retired:  # (close() closed it otherwise)
+                    retired = entry.model
+                    self._retired.remove(entry)
                 self._changed.notify_all()
+            if retired is not None:  # reload() replaced it while this lease held it
+                retired.close()
 
     def predict(self, path: str | Path, x: Any):
         with self.lease(path) as model:
@@ -139,11 +156,21 @@ class ModelPool(Closeable):
 
     def _load(self, key: Path) -> Model:
         """Load ``key`` (the lock not held; this thread is the one loading), unloading idle models while it does not
-        fit: after each one the load is tried again, since it may then choose another artifact."""
+        fit: after each one the load is tried again, since it may then choose another artifact. A store's key loads
+        its active version, which the store then watches when it is on probation."""
         deadline = time.monotonic() + self.wait_s
+        source = self._sources.get(key)
         while True:
             try:
-                return load_device(key, self._options, self.in_use_mb)
+                if source is None:
+                    return load_device(key, self._options, self.in_use_mb)
+                model = load_device(source.active_path(), self._options, self.in_use_mb)
+                try:
+                    source.watch(model)
+                except BaseException:
+                    model.close()
+                    raise
+                return model
             except BudgetExceeded as exc:
                 if exc.reason != BudgetReason.MEMORY:
                     raise
@@ -186,11 +213,70 @@ class ModelPool(Closeable):
     def _loaded(self) -> dict[Path, _Entry]:
         return {k: e for k, e in self._entries.items() if e.model is not None}
 
+    def reload(self, source: Any = None) -> list[str]:
+        """Move every model this pool serves from a store onto the store's active version, when it serves another
+        (after an install, activate or rollback: :meth:`~edgesdk.BundleStore.on_change` says when); ``source``: only
+        that store's. Returns the bundle folders now served in their place.
+
+        Calls on the old model are not dropped: a call running on it finishes, and a lease holding it
+        (:meth:`lease`, :meth:`predict`) keeps it until the lease ends, when it is closed; calls made after the
+        swap get the new model. The new model loads first (the one load at a time, within the budget, evicting idle
+        models if it must; the old one may be among them) while calls go on with the old; a load that fails raises,
+        and the old model stays. A model handed out by :meth:`get` is closed at the swap, once its running call
+        returns (hold models with :meth:`lease`)."""
+        wanted = None if source is None else self._key(source)
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if k in self._sources and e.model is not None
+                    and (wanted is None or k == wanted)]
+        swapped = []
+        for key in keys:
+            target = self._sources[key].active_path().resolve()
+            with self._lock:
+                entry = self._entries.get(key)
+                current = None if entry is None or entry.model is None else Path(entry.model.bundle.root).resolve()
+            if current is not None and current != target and self._swap(key):
+                swapped.append(str(target))
+        return swapped
+
+    def _swap(self, key: Path) -> bool:
+        """Load the store's active version for ``key`` and put it in the place of the model there (see
+        :meth:`reload`); False when the entry went meanwhile (the next call loads the active version itself)."""
+        with self._lock:
+            while self._loading is not None:
+                self._changed.wait()
+            entry = self._entries.get(key)
+            if self._closed or entry is None or entry.model is None:
+                return False
+            self._loading = key  # calls go on with the old model: its entry stays until the swap
+        try:
+            model = self._load(key)
+        finally:
+            with self._lock:
+                self._loading = None
+                self._changed.notify_all()
+        with self._lock:
+            if self._closed:
+                old, close_now = None, model
+            else:
+                old = self._entries.get(key)
+                self._entries[key] = _Entry(model, time.monotonic())
+                close_now = None
+                if old is not None and old.model is not None:
+                    if old.leases:
+                        old.retired = True
+                        self._retired.append(old)
+                    else:
+                        close_now = old.model
+            self._changed.notify_all()
+        if close_now is not None:
+            close_now.close()  # waits for a call running on it (the model's own lock), then closes
+        return not self._closed
+
     def unload(self, path: str | Path) -> None:
         """Unload ``path`` (nothing when it is not loaded; when it is loading, once that load ends). The leases on it
         must end first: it waits up to ``wait_s`` for them, then raises :class:`InputError` naming them and leaves
         the model loaded, never closing it under its holder. A model handed out by :meth:`get` is not leased."""
-        key = _key(path)
+        key = self._key(path)
         deadline = time.monotonic() + self.wait_s
         with self._lock:
             while True:
@@ -237,8 +323,10 @@ class ModelPool(Closeable):
         """Close every model, leased or not (a call still running on one finishes; the next raises). A load under
         way ends with ``InputError`` for the threads that asked for it, and its model is closed."""
         with self._lock:
-            entries = list(self._entries.items())
+            self._closed = True
+            entries = list(self._entries.items()) + [(Path("retired"), e) for e in self._retired]
             self._entries.clear()
+            self._retired.clear()
             for key, entry in entries:
                 if entry.model is None:
                     entry.error = InputError(f"the pool was closed while {key.name} loaded")
@@ -247,10 +335,19 @@ class ModelPool(Closeable):
             if entry.model is not None:
                 entry.model.close()
 
+    def _key(self, path: Any) -> Path:
+        """The pool's key for a bundle path, or for a store (its root; the store is remembered for the loads)."""
+        if callable(getattr(path, "active_path", None)) and isinstance(getattr(path, "root", None), Path):
+            key = path.root.resolve()
+            with self._lock:
+                self._sources[key] = path
+            return key
+        return _key(path)
+
 
 def _key(path: str | Path) -> Path:
     if not isinstance(path, (str, Path)):
-        raise InputError(f"a pool bundle path must be a str or a Path, got {type(path).__name__}")
+        raise InputError(f"a pool bundle path must be a str or a Path (or a BundleStore), got {type(path).__name__}")
     return Path(path).resolve()
 
 

@@ -238,6 +238,8 @@ MANIFEST = Obj(
         })),
         # reference statistics of the data the bundle was calibrated and validated on (edgesdk.monitor.reference)
         "monitoring": Nullable(MONITORING),
+        # the share of devices a BundleStore activates this version on (edgesdk.store.rollout); null: every device
+        "rollout_percent": Nullable(Num(0.0, 100.0, "a number from 0 to 100")),
         "hybrid": Nullable(Obj(optional={
             "signal": Str(nonempty=True), "threshold": Nullable(_SHARE), "max_clipped": Nullable(_SHARE),
             "device_artifact": Nullable(Str()), "samples": Int(0, "a non-negative integer"),

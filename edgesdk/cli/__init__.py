@@ -1,7 +1,8 @@
 """The ``edgesdk`` command line: a thin layer over the public functions, one module per side.
 
 - :mod:`.device` (here): ``devices``, ``bench``, ``inspect``, ``keygen``/``sign``/``verify``/``pack``; :mod:`.run`:
-  ``run``; :mod:`.monitoring`: ``monitor`` (a monitor's telemetry file read back).
+  ``run``; :mod:`.monitoring`: ``monitor`` (a monitor's telemetry file read back); :mod:`.store`: ``store
+  install|list|activate|rollback`` (bundle updates with rollback).
 - :mod:`edgesdk_converters.cli` (the ``edgesdk-converters`` distribution): ``quantize``, ``demo``,
   ``calibrate-escalation``.
 - :mod:`edgesdk_cloud.cli` (the ``edgesdk-cloud`` distribution): ``serve``, ``export kserve|triton``.
@@ -16,10 +17,10 @@ from __future__ import annotations
 import sys
 
 from ..errors import BackendUnavailable, BudgetExceeded, EdgeSDKError, ValidationFailed
-from . import device, monitoring, run  # noqa: F401  (register the device's commands on the app)
+from . import device, monitoring, run, store  # noqa: F401  (register the device's commands on the app)
 from ._app import app
 
-__all__ = ["app", "main", "device", "monitoring", "run"]
+__all__ = ["app", "main", "device", "monitoring", "run", "store"]
 
 def _show_failed_artifact_warnings() -> None:
     """Print every :class:`FailedArtifactWarning` (an artifact that failed its validation gate served under

@@ -14,7 +14,8 @@ import pytest
 
 from edgesdk import BackendUnavailable, BudgetExceeded, InputError, RuntimeOptions
 from edgesdk.choices import (BackendReason, BudgetReason, CacheState, CloudReason, CriticalMode, EscalationReason,
-                             HybridMode, Performance, Policy, SpeedCheck)
+                             EscalationSkip, HybridMode, InstallStep, Performance, Policy, SpeedCheck, StoreReason,
+                             VersionState)
 from edgesdk.errors import CloudError
 from edgesdk.hybrid.model import HybridOptions
 from edgesdk.runtime.placement import Candidate, Placement, Skip
@@ -22,7 +23,7 @@ from edgesdk.runtime.placement import Candidate, Placement, Skip
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 CARRIERS = {"BackendUnavailable": BackendReason, "BudgetExceeded": BudgetReason, "CloudError": CloudReason,
-            "escalation_reason": EscalationReason}
+            "escalation_reason": EscalationReason, "escalation_skipped": EscalationSkip, "StoreError": StoreReason}
 
 
 # -- misuse is refused where the options are built ------------------------------------------------------------------
@@ -159,7 +160,8 @@ def _refusal(**options) -> InputError:
 
 _ERRORS = {"BackendUnavailable": (0, BackendReason), "BudgetExceeded": (0, BudgetReason),
            "CloudError": (0, CloudReason), "CloudTimeout": (0, CloudReason), "CloudUnavailable": (0, CloudReason),
-           "CloudRejected": (0, CloudReason), "Skip": (1, (BackendReason, BudgetReason))}
+           "CloudRejected": (0, CloudReason), "Skip": (1, (BackendReason, BudgetReason)),
+           "StoreError": (0, StoreReason)}
 _SOURCES = [ROOT / "edgesdk", ROOT / "converters" / "edgesdk_converters", ROOT / "cloud" / "edgesdk_cloud"]
 
 
@@ -222,6 +224,6 @@ def test_enum_module_imports_nothing_from_edgesdk():
 
 def test_every_enum_has_distinct_plain_values():
     for enum in (Policy, Performance, SpeedCheck, HybridMode, CriticalMode, BackendReason, BudgetReason, CloudReason,
-                 EscalationReason, CacheState):
+                 EscalationReason, CacheState, InstallStep, VersionState, StoreReason):
         values = enum.values()
         assert len(set(values)) == len(values) and all(v == v.strip() and v for v in values)

@@ -351,6 +351,7 @@ def test_held_inputs_stay_under_the_byte_cap_and_a_cleared_row_is_not_written_ba
 
     big = InputSummary("x", (1, 3, 512, 512), "nchw", window=500, pending=500)
     big.hold(np.ones((1, 3, 512, 512), np.float32), 0)
+    # private: the buffer's size is the contract under test (no public view of it)
     assert big._held.nbytes <= MAX_PENDING_BYTES and big._pending_rows < 500
     small = InputSummary("x", (1, 16), window=8, pending=4)
     small.hold(np.ones((1, 16), np.float32), 1)
@@ -363,7 +364,7 @@ def test_pending_1_keeps_no_input_after_the_call(onnx_bundle, digits):
     with _load(onnx_bundle.bundle, pending=1) as model:
         model.predict(digits[0])
         summary = model.monitor.inputs[0]
-        assert not summary._held_at and not summary._held.any()
+        assert not summary._held_at and not summary._held.any()  # private: nothing held after the call
         assert np.isfinite(summary.ring[0]).all()
 
 
