@@ -9,10 +9,13 @@ On disk (``root``)::
     STORE                      marks the folder as a store (recovery deletes leftovers only inside one)
     ACTIVE                     the pointer (JSON): active version, previous ones newest first, probation, the
                                staged and rejected versions with their reasons; replaced whole, never edited
+    ACTIVE.copy                the same pointer, written just before each replace of ACTIVE: read when ACTIVE is
+                               damaged or missing
     LOCK                       the lock every change of state is made under (flock; across processes)
     device-id                  this device's random id for staged rollouts, made once
     history.jsonl              every event with its reason (installed, activated, staged, rejected, rolled_back, ...)
-    versions/<name>@<hash>/    a complete version: bundle/ (the bundle folder) and version.json, written last
+    versions/<name>@<hash>/    a complete version: bundle/ (the bundle folder) and version.json, written last;
+                               nothing else (a downloaded archive and its extraction record are deleted first)
     staging/install-*/         an install at work (locked by its process while it lives)
     downloads/<key>.part       a download that stopped, kept for the next install of its URL to resume
     trash/                     folders being deleted
@@ -30,11 +33,15 @@ at every progress call of an install, download, copy and prune included):
 4. Activation writes the new pointer to a temporary file, fsyncs it, renames it over ``ACTIVE`` (atomic) and fsyncs
    the folder. Killed before the rename, the old pointer (previous version active) is what a reader sees; after it,
    the new one. Nothing is ever half-written where a reader looks.
-5. Pruning writes the pointer without the versions to drop first, then moves each folder into ``trash/`` and
-   deletes it; killed in between, the trash or an unnamed folder is removed at the next open.
+5. Pruning writes the pointer without the versions to drop first, then moves each folder into ``trash/`` (under
+   the lock) and deletes it (after the lock is released); killed in between, the trash or an unnamed folder is
+   removed at the next open. A prune never drops the active version or a previous one kept, and a rollback goes
+   only to a complete folder, checked before the pointer changes.
 6. Opening a store (:mod:`.recovery`) also checks that the pointer's active version is complete, and else makes the
    newest complete previous version active, logging why: the device is never left without a loadable version while
-   it has one.
+   it has one. A damaged or missing ``ACTIVE`` is read from ``ACTIVE.copy``; with both damaged the pointer is
+   rebuilt from the history, where only a version last activated or confirmed may serve (a staged or rejected one
+   is kept, never activated). A pointer that cannot be read now (EIO, EACCES) is an error, and nothing is changed.
 
 Rollback and probation are pointer changes made the same way (one rename under the lock), so a kill during them
 leaves either the state before or the state after.

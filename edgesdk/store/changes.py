@@ -37,18 +37,30 @@ def roll_back(pointer: Pointer, reason: str) -> tuple[str, str]:
 def prune(pointer: Pointer, keep: int) -> list[str]:
     """Keep ``keep`` previous versions, and the folders of the ``keep`` newest staged and rejected versions each;
     return the versions whose folders go. A rejected version is still remembered without its folder, so that it is
-    not installed again unasked; a staged one is forgotten."""
+    not installed again unasked; a staged one is forgotten. The active version and the previous ones kept are never
+    dropped, whatever else a pointer records of them."""
     dropped = pointer.previous[keep:]
     pointer.previous = pointer.previous[:keep]
+    serving = ([pointer.active] if pointer.active else []) + pointer.previous
+    for version in dropped:  # a record left of a dropped previous version must not name its folder any more
+        _forget_folder(pointer, version)
     for state in (VersionState.STAGED, VersionState.REJECTED):
-        kept = [v for v, s in pointer.states.items() if s.get("state") == state and s.get("folder")]
+        kept = [v for v, s in pointer.states.items() if s.get("state") == state and s.get("folder")
+                and v not in serving and v not in dropped]
         for version in kept[:-keep] if keep else kept:
             dropped.append(version)
-            if state is VersionState.STAGED:
-                del pointer.states[version]
-            else:
-                pointer.states[version]["folder"] = False
+            _forget_folder(pointer, version)
     return dropped
+
+
+def _forget_folder(pointer: Pointer, version: str) -> None:
+    state = pointer.states.get(version)
+    if state is None:
+        return
+    if state.get("state") == VersionState.STAGED:
+        del pointer.states[version]
+    else:
+        state["folder"] = False
 
 
 __all__ = ["activate", "roll_back", "prune"]

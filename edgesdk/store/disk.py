@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import logging
+import math
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -27,6 +30,7 @@ log = logging.getLogger("edgesdk.store")
 FORMAT = 1
 MARKER = "STORE"  # {"format": 1}: this folder is a store (recovery deletes only inside one)
 POINTER = "ACTIVE"  # the pointer: which version serves, the ones kept, probation, recorded states
+POINTER_COPY = "ACTIVE.copy"  # the same pointer, written just before ACTIVE is replaced: read when ACTIVE cannot be
 DEVICE_ID = "device-id"
 HISTORY = "history.jsonl"
 LOCK = "LOCK"
@@ -35,6 +39,11 @@ RECORD = "version.json"  # written last into a version folder: a version is comp
 BUNDLE = "bundle"  # versions/<id>/bundle: the bundle folder itself
 MAX_STATES = 64  # staged and rejected versions remembered in the pointer (the oldest forgotten first)
 MAX_HISTORY_BYTES = 1 << 20  # history.jsonl is cut to its newer half past this
+MAX_POINTER_BYTES = 256 << 10  # a pointer or a version record past this is damaged (a real one is a few KiB)
+MAX_NESTING = 16  # a pointer, record or history line nested deeper than this is damaged (a real one: 3 levels)
+MAX_HISTORY_LINE = 64 << 10  # a longer history line is skipped
+ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,48}@[0-9a-f]{12}")  # a version id: also a folder name in versions/
+STATES = ("staged", "rejected")  # the states a pointer records besides active and previous
 _TMP = ".tmp"
 
 try:  # advisory locks between processes; a platform without fcntl (Windows) serializes threads only
@@ -93,6 +102,52 @@ def sync_tree(root: Path) -> None:
         fsync_dir(Path(folder))
 
 
+def read_bounded(path: Path, what: str, limit: int = MAX_POINTER_BYTES) -> str | None:
+    """The text of the small JSON file ``path`` (a pointer, a record): None when it does not exist; ValueError when it
+    is damaged (too large, not UTF-8); :class:`StoreError` when it cannot be read now (EIO, EACCES ...), which is not
+    damage, and must not make recovery rebuild or delete anything."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise StoreError(StoreReason.NOT_A_STORE, f"cannot read {what} {path} ({errno.errorcode.get(exc.errno, '?')}: "
+                                                  f"{exc.strerror or exc}); the store is left as it is") from exc
+    if len(data) > limit:
+        raise ValueError(f"{path.name} is over {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path.name} is not UTF-8 text") from exc
+
+
+def parse_json(text: str, name: str) -> Any:
+    """``json.loads`` of a file's text, with its nesting checked first (ValueError past :data:`MAX_NESTING`, never a
+    RecursionError)."""
+    depth, quoted, escaped = 0, False, False
+    for char in text if text.count("[") + text.count("{") > MAX_NESTING else "":  # fewer brackets: never deeper
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ValueError(f"{name} is nested deeper than {MAX_NESTING} levels")
+        elif char in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # pragma: no cover - the scan above refuses it first
+        raise ValueError(f"{name} is nested too deep") from exc
+
+
 def remove_temporaries(folder: Path) -> list[str]:
     """Delete the temporary files :func:`write_durable` left in ``folder`` when a process died mid-write."""
     gone = []
@@ -102,16 +157,20 @@ def remove_temporaries(folder: Path) -> list[str]:
     return gone
 
 
-def discard(path: Path, trash: Path) -> None:
+def discard(path: Path, trash: Path, delete: bool = True) -> Path | None:
     """Remove the folder ``path``: first renamed into ``trash`` (one step: it is no longer where it was), then deleted
-    (a kill in between leaves it in the trash, which the next open empties)."""
+    (a kill in between leaves it in the trash, which the next open empties). ``delete=False`` leaves the deletion to
+    the caller (after it released the store's lock: a large folder takes time to delete) and returns where it is."""
     if not path.exists():
-        return
+        return None
     trash.mkdir(exist_ok=True)
     target = trash / f"{path.name}.{secrets.token_hex(4)}"
     os.rename(path, target)
     fsync_dir(path.parent)
+    if not delete:
+        return target
     shutil.rmtree(target, ignore_errors=True)
+    return None
 
 
 # -- the pointer -----------------------------------------------------------------------------------------------------
@@ -136,18 +195,27 @@ class Pointer:
                            "probation": self.probation, "states": self.states, "updated": now()}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Pointer":
-        """Raises ValueError when ``text`` is not a pointer."""
-        data = json.loads(text)
+    def from_json(cls, text: str, name: str = POINTER) -> "Pointer":
+        """Raises ValueError when ``text`` is not a pointer, naming what is wrong (every field is checked here, so
+        that nothing reading a pointer meets a field of another type)."""
+        data = parse_json(text, name)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"not a format-{FORMAT} pointer")
+            raise ValueError(f"{name} is not a format-{FORMAT} pointer")
         active, previous = data.get("active"), data.get("previous")
         probation, states = data.get("probation"), data.get("states")
-        if not (active is None or isinstance(active, str)) or not isinstance(previous, list) \
-                or not all(isinstance(v, str) for v in previous) \
-                or not (probation is None or isinstance(probation, dict)) \
-                or not isinstance(states, dict) or not all(isinstance(s, dict) for s in states.values()):
-            raise ValueError("its fields do not have their types")
+        if not (active is None or _is_id(active)) or not isinstance(previous, list) \
+                or not all(_is_id(v) for v in previous) or len(set(previous)) != len(previous) or active in previous:
+            raise ValueError(f"{name}: its active and previous versions are not distinct version ids")
+        if probation is not None and not (isinstance(probation, dict) and _is_id(probation.get("version"))
+                                          and _is_number(probation.get("since_unix"))
+                                          and isinstance(probation.get("since"), (str, type(None)))):
+            raise ValueError(f"{name}: its probation is not {{version, since, since_unix (a number)}}")
+        if not isinstance(states, dict) or len(states) > MAX_STATES or not all(
+                _is_id(v) and isinstance(s, dict) and s.get("state") in STATES
+                and isinstance(s.get("reason"), (str, type(None))) and isinstance(s.get("folder", False), bool)
+                for v, s in states.items()):
+            raise ValueError(f"{name}: its states are not {{version id: {{state (staged or rejected), reason, "
+                             "folder}}")
         return cls(active, list(previous), probation, dict(states))
 
     def remember(self, version: str, state: str, reason: str | None, folder: bool) -> None:
@@ -164,19 +232,27 @@ class Pointer:
         return ids + [v for v, s in self.states.items() if s.get("folder") and v not in ids]
 
 
-def read_pointer(root: Path) -> Pointer | None:
-    """The pointer, None when the store has none yet; ValueError when it cannot be read as one."""
-    try:
-        text = (root / POINTER).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(str(exc)) from exc
-    return Pointer.from_json(text)
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def read_pointer(root: Path, name: str = POINTER) -> Pointer | None:
+    """The pointer (``name``: ``ACTIVE``, or its copy), None when there is no such file; ValueError when it is
+    damaged; :class:`StoreError` when it cannot be read now (see :func:`read_bounded`)."""
+    text = read_bounded(root / name, "the store's pointer")
+    return None if text is None else Pointer.from_json(text, name)
 
 
 def write_pointer(root: Path, pointer: Pointer, before_replace: Callable[[], None] | None = None) -> None:
-    write_durable(root / POINTER, pointer.to_json(), before_replace)
+    """Replace the pointer: its copy first, then ``ACTIVE`` (each durably), so that when ``ACTIVE`` is found
+    damaged its copy holds the last state written (or, after a kill between the two, the one about to be)."""
+    text = pointer.to_json()
+    write_durable(root / POINTER_COPY, text)
+    write_durable(root / POINTER, text, before_replace)
 
 
 # -- versions --------------------------------------------------------------------------------------------------------
@@ -185,12 +261,16 @@ def version_dir(root: Path, version: str) -> Path:
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
-    """A version folder's record, None when the folder is not a complete version (no record, or not one)."""
+    """A version folder's record, None when the folder is not a complete version (no record, or a damaged one);
+    :class:`StoreError` when it cannot be read now (EIO ...: the version may be whole, and is not deleted)."""
     try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        text = read_bounded(folder / RECORD, "the version record")
+        record = None if text is None else parse_json(text, f"{folder.name}/{RECORD}")
+    except ValueError:
         return None
-    if not isinstance(record, dict) or record.get("id") != folder.name or not (folder / BUNDLE).is_dir():
+    if not isinstance(record, dict) or record.get("id") != folder.name or not (folder / BUNDLE).is_dir() \
+            or not all(record.get(k) is None or _is_number(record.get(k)) for k in ("installed_unix",
+                                                                                   "rollout_percent")):
         return None
     return record
 
@@ -221,10 +301,13 @@ def read_history(root: Path) -> list[dict[str, Any]]:
         lines = (root / HISTORY).read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise StoreError(StoreReason.NOT_A_STORE, f"cannot read the store's history {root / HISTORY} "
+                                                  f"({exc.strerror or exc})") from exc
     events = []
     for line in lines:
         try:
-            entry = json.loads(line)
+            entry = parse_json(line, HISTORY) if len(line) <= MAX_HISTORY_LINE else None
         except ValueError:
             continue
         if isinstance(entry, dict):
@@ -347,5 +430,5 @@ def device_id(root: Path) -> str:
 
 
 __all__ = ["Pointer", "StoreLock", "store_lock", "read_pointer", "write_pointer", "read_record", "append_history",
-           "read_history",
+           "read_history", "read_bounded", "parse_json",
            "write_durable", "sync_tree", "discard", "open_root", "device_id", "lock_folder", "held_by_another"]

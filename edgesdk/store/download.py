@@ -6,7 +6,8 @@ The bytes go to ``downloads/<key>.part`` in the store (``key``: from the URL's s
 whole, nor shown with its query or user: they may hold a token). When the connection drops, the download goes on
 from the bytes it has with an HTTP ``Range`` request (``If-Range`` on the validator, so a file changed on the server
 meanwhile is fetched whole again), up to ``retries`` times within ``deadline_s``; past that the install fails and
-the part stays, for the next install of the same URL to resume. Only one part is kept: starting another URL's
+the part stays, for the next install of the same URL to resume. The deadline bounds every read (each waits at most
+the time left, never ``timeout_s`` per byte of a server that drips). Only one part is kept: starting another URL's
 download deletes the others. Only ``http`` and ``https`` are fetched, redirects included. The size is checked
 against the cap before any byte of the body is read (``Content-Length``, or the total of ``Content-Range``) and on
 every byte after (a server may announce nothing, or lie). Every refusal is a :class:`~edgesdk.errors.StoreError`:
@@ -32,7 +33,7 @@ from ..errors import StoreError
 from .disk import DOWNLOADS, held_by_another
 from .options import StoreOptions
 
-CHUNK = 256 << 10  # bytes per read, and between two progress calls
+CHUNK = 256 << 10  # most bytes per read; progress is told each time the count passes a multiple of it
 SCHEMES = ("http", "https")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
@@ -72,9 +73,8 @@ def download(url: str, root: Path, dest: Path, options: StoreOptions,
         if other.stem != key and not held_by_another(folder / f"{other.stem}.part"):
             other.unlink(missing_ok=True)
     deadline = time.monotonic() + options.deadline_s
-    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_locked(part, url)
     try:
-        _lock(fd, url)
         meta = _meta(meta_path, url)
         if not meta:
             os.ftruncate(fd, 0)
@@ -101,6 +101,7 @@ def download(url: str, root: Path, dest: Path, options: StoreOptions,
                              f"attempt(s) with {have} of {meta.get('size') or 'an unknown number of'} bytes, kept in "
                              f"{part} (the next install of this URL resumes from there)")
         os.fsync(fd)
+        os.replace(part, dest)  # while the lock is held: no other install opens and writes this file meanwhile
     except StoreError as exc:
         if exc.reason is StoreReason.TOO_LARGE:
             part.unlink(missing_ok=True)
@@ -108,7 +109,6 @@ def download(url: str, root: Path, dest: Path, options: StoreOptions,
         raise
     finally:
         os.close(fd)
-    os.replace(part, dest)
     meta_path.unlink(missing_ok=True)
     return dest
 
@@ -120,6 +120,26 @@ def _digest(url: str) -> str:
 
 class _Retry(Exception):
     """An attempt failed in a way another one may not (connection, timeout, 5xx)."""
+
+
+def _open_locked(part: Path, url: str) -> int:
+    """The part file, opened and locked; checked after the lock to be the file named ``part`` still (another install
+    may have moved it away, into its staging folder, between this open and this lock: that file is not ours)."""
+    for _ in range(3):
+        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _lock(fd, url)
+            held, named = os.fstat(fd), os.stat(part)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise StoreError(StoreReason.DOWNLOAD_FAILED, f"{shown(url)} is being downloaded into this store by another "
+                                                  "install now")
 
 
 def _lock(fd: int, url: str) -> None:
@@ -182,14 +202,18 @@ def _attempt(url: str, fd: int, meta: dict[str, Any], meta_path: Path, options: 
                      "last_modified": response.headers.get("Last-Modified")})
         meta_path.write_text(json.dumps(meta), encoding="utf-8")
         have = os.lseek(fd, 0, os.SEEK_END)
+        reported = have  # progress is told at each CHUNK boundary and at the end: the same calls whatever reads bring
         while True:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise _Retry(f"the deadline of {options.deadline_s:g} s passed")
+            _set_timeout(response, min(options.timeout_s, left))
             try:
-                block = response.read(CHUNK)
+                block = response.read1(CHUNK)  # what one receive brings: each read waits at most the time left
             except (OSError, http.client.HTTPException, ValueError) as exc:
                 raise _Retry(f"{type(exc).__name__} after {have} bytes: {exc}") from exc
             if not block:
+                progress(InstallStep.DOWNLOAD, {"bytes": have, "total": total})
                 break
             have += len(block)
             if have > options.max_bytes:
@@ -199,8 +223,17 @@ def _attempt(url: str, fd: int, meta: dict[str, Any], meta_path: Path, options: 
                 raise StoreError(StoreReason.DOWNLOAD_FAILED, f"{shown(url)} sent more than the {total} bytes it "
                                                               "announced")
             os.write(fd, block)
-            progress(InstallStep.DOWNLOAD, {"bytes": have, "total": total})
+            if have // CHUNK > reported // CHUNK and (total is None or have < total):
+                progress(InstallStep.DOWNLOAD, {"bytes": have, "total": total})
+                reported = have
     return total is None or have == total
+
+
+def _set_timeout(response: Any, seconds: float) -> None:
+    """Bound the next receive of ``response`` (an ``http.client.HTTPResponse``) by ``seconds``."""
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(max(0.001, seconds))
 
 
 def _expected_total(response: Any, have: int, fd: int) -> int | None:

@@ -43,7 +43,8 @@ def install(store: "BundleStore", source: Any, trust: Trust | str | Path | None,
         if progress is not None:
             progress(step, detail)
 
-    staging = Staging(store.root)
+    with store._locked():  # made and locked under the store's lock: another process's recovery, which deletes the
+        staging = Staging(store.root)  # staging folders nobody holds, never sees it unheld
     try:
         report(InstallStep.STAGE, {"source": shown})
         try:
@@ -135,6 +136,10 @@ def _publish(store: "BundleStore", staged: Path, version: str, record: dict[str,
         report(InstallStep.ROLLOUT, {"version": version, **decision})
         if version == pointer.active:
             append_history(root, "installed", version, "already active")
+        elif not decision["selected"] and version in pointer.previous:  # as _reject: a kept version is not staged
+            # (a staged record would let a prune delete the folder that rollback needs)
+            append_history(root, "installed", version, "already kept as a previous version; this device is outside "
+                           "its rollout, so it stays one")
         elif not decision["selected"]:
             why = (f"{StoreReason.NOT_IN_ROLLOUT}: this device's bucket {decision['bucket']:.2f} is not under "
                    f"rollout_percent {decision['percent']:g}")

@@ -4,9 +4,13 @@ moment a previous process was killed at.
 In order: the temporary files of an interrupted durable write and the trash are deleted; so is every staging folder no
 live process holds (an install killed before it published); the pointer is read, and when it names an active version
 that is missing or incomplete (no ``version.json``), the newest complete one it keeps serves instead (reason
-``recovery``, logged); an unreadable pointer is rebuilt from the complete versions, newest active; kept versions whose
-folders are gone are forgotten; and every version folder the pointer does not name (published by an install killed
-before its activation, or half deleted by a prune) goes. Each change is written to the history with its reason.
+``recovery``, logged); a damaged pointer (or a missing one while complete versions exist) is read from its copy
+``ACTIVE.copy``, and when that is damaged too, rebuilt from the history (:func:`_rebuilt`: only a version the history
+last shows activated or confirmed serves again; a staged, rejected or unknown one is kept, never activated); kept
+versions whose folders are gone are forgotten; and every version folder the pointer does not name (published by an
+install killed before its activation, or half deleted by a prune) goes. Each change is written to the history with
+its reason. A pointer that cannot be read now (EIO, EACCES: not damage) is a :class:`~edgesdk.errors.StoreError`,
+and nothing is changed.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..choices import StoreReason
-from .disk import (DOWNLOADS, STAGING, TRASH, VERSIONS, Pointer, append_history, discard, held_by_another,
-                   read_pointer, read_record, remove_temporaries, write_pointer)
+from ..choices import StoreReason, VersionState
+from .disk import (DOWNLOADS, POINTER, POINTER_COPY, STAGING, TRASH, VERSIONS, Pointer, append_history, discard,
+                   held_by_another, read_history, read_pointer, read_record, remove_temporaries, write_pointer)
 
 
 def recover(root: Path) -> Pointer:
@@ -34,7 +38,10 @@ def recover(root: Path) -> Pointer:
         append_history(root, "recovered", None, "cleaned up after an interrupted install", removed=sorted(left))
     complete = {p.name: record for p in (root / VERSIONS).iterdir() if (record := read_record(p)) is not None}
     try:
-        pointer, changed = read_pointer(root) or Pointer(), False
+        found, changed = read_pointer(root), False
+        if found is None and (complete or (root / POINTER_COPY).exists()):
+            raise ValueError(f"{POINTER} is missing while the store keeps versions")
+        pointer = found or Pointer()
     except ValueError as exc:
         pointer, changed = _rebuilt(root, complete, exc), True
     if pointer.active is not None and pointer.active not in complete:
@@ -67,11 +74,48 @@ def recover(root: Path) -> Pointer:
 
 
 def _rebuilt(root: Path, complete: dict[str, dict[str, Any]], exc: Exception) -> Pointer:
-    """A pointer made from the complete versions (newest active) when ``ACTIVE`` cannot be read."""
-    newest = sorted(complete, key=lambda v: complete[v].get("installed_unix") or 0, reverse=True)
-    pointer = Pointer(newest[0] if newest else None, newest[1:])
+    """The pointer when ``ACTIVE`` is damaged or missing: its copy when that reads, else one rebuilt from the history.
+
+    The history says what the pointer said (each change is logged as it is committed): replayed, every version ends
+    either serving-capable (last ``activated``, ``confirmed``, rolled back *to*, or made active by a recovery) or not
+    (last ``rolled_back`` from, ``rejected``, ``staged``). The complete versions of the first kind are active and
+    previous, the most recently activated first; the others are kept with their state (one the history does not
+    mention is kept as rejected), so that nothing staged outside this device's rollout, or rejected, serves unasked."""
+    try:
+        copy = read_pointer(root, POINTER_COPY)
+    except ValueError as damaged:
+        copy, exc = None, ValueError(f"{exc}; {damaged}")
+    if copy is not None:
+        append_history(root, "recovered", copy.active, f"{StoreReason.RECOVERY}: the pointer could not be read ({exc});"
+                       f" its copy {POINTER_COPY} serves")
+        return copy
+    activated: dict[str, int] = {}  # version -> when it last became active
+    other: dict[str, tuple[str, str | None]] = {}  # version -> (state, reason) of a version that must not serve
+    for i, event in enumerate(read_history(root)):
+        kind, version, reason = event.get("event"), event.get("version"), event.get("reason")
+        if not isinstance(version, str):
+            continue
+        if kind == "activated" or (kind == "recovered" and event.get("lost")):
+            activated[version] = i
+            other.pop(version, None)
+        elif kind in ("rolled_back", "rejected", "staged"):
+            activated.pop(version, None)
+            other[version] = (VersionState.STAGED if kind == "staged" else VersionState.REJECTED,
+                              reason if isinstance(reason, str) else None)
+            to = event.get("to") if kind == "rolled_back" else None
+            if isinstance(to, str):
+                activated[to] = i
+                other.pop(to, None)
+    serving = sorted((v for v in complete if v in activated), key=lambda v: activated[v], reverse=True)
+    pointer = Pointer(serving[0] if serving else None, serving[1:])
+    for version in sorted((v for v in complete if v not in activated),
+                          key=lambda v: complete[v].get("installed_unix") or 0):
+        state, reason = other.get(version) or (VersionState.REJECTED, f"{StoreReason.RECOVERY}: its state was lost "
+                                               "with the pointer; activate it with allow_rejected=True")
+        pointer.remember(version, state, reason, folder=True)
     append_history(root, "recovered", pointer.active, f"{StoreReason.RECOVERY}: the pointer could not be read ({exc});"
-                   f" rebuilt from the complete versions, the newest active")
+                   " rebuilt from the history: the version last activated serves, "
+                   f"{len(pointer.states)} staged or rejected version(s) kept, not activated")
     return pointer
 
 

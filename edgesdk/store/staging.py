@@ -69,6 +69,7 @@ def fetch(source: Any, root: Path, staging: Path, options: StoreOptions, report:
     if isinstance(source, str) and is_url(source):
         archive = download(source, root, staging / "download.edgebundle", options, report)
         _extract(archive, staging, out, options, report)
+        archive.unlink()  # a version folder holds its bundle and its record, not the archive it came in
     elif Path(source).is_dir():
         _copy(Path(source), out, options, report)
     else:
@@ -82,9 +83,11 @@ def fetch(source: Any, root: Path, staging: Path, options: StoreOptions, report:
 
 def _extract(archive: Path, staging: Path, out: Path, options: StoreOptions, report: Report) -> None:
     report(InstallStep.EXTRACT, {"archive": archive.name})
-    extracted = open_archive(archive, cache_dir=staging / "extract", limits=options.archive_limits)
+    cache = staging / "extract"
+    extracted = open_archive(archive, cache_dir=cache, limits=options.archive_limits)
     os.rename(extracted, out)
     out.chmod(0o755)
+    shutil.rmtree(cache)  # the extraction's record: the staging folder is published whole
 
 
 def _copy(src: Path, out: Path, options: StoreOptions, report: Report) -> None:
@@ -121,17 +124,29 @@ def _copy(src: Path, out: Path, options: StoreOptions, report: Report) -> None:
 
 
 def _copy_file(src: Path, dest: Path, budget: int) -> int:
-    """Copy one file (a new one: never through a link planted meanwhile), fsynced; its size."""
+    """Copy one file (a new one: never through a link planted meanwhile), fsynced; its size. The walk saw a regular
+    file; what is there now is checked again on the open file: O_NOFOLLOW refuses a link planted meanwhile,
+    O_NONBLOCK keeps a FIFO from blocking the open, and fstat refuses anything but a regular file."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd_in = os.open(src, os.O_RDONLY | nofollow | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise BundleError(f"{src} cannot be opened as a regular file ({exc.strerror or exc}); a store copies regular "
+                          "files only") from exc
     copied = 0
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with open(src, "rb") as fin, os.fdopen(fd, "wb") as fout:
-        while block := fin.read(_CHUNK):
-            copied += len(block)
-            if copied > budget:  # the file grew since it was measured
-                raise StoreError(StoreReason.TOO_LARGE, f"{src} grew past the store's limit while it was copied")
-            fout.write(block)
-        fout.flush()
-        os.fsync(fout.fileno())
+    with os.fdopen(fd_in, "rb") as fin:
+        if not stat.S_ISREG(os.fstat(fd_in).st_mode):
+            raise BundleError(f"{src} is no longer a regular file; a store copies regular files only")
+        os.set_blocking(fd_in, True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+        with os.fdopen(fd, "wb") as fout:
+            while block := fin.read(_CHUNK):
+                copied += len(block)
+                if copied > budget:  # the file grew since it was measured
+                    raise StoreError(StoreReason.TOO_LARGE, f"{src} grew past the store's limit while it was copied")
+                fout.write(block)
+            fout.flush()
+            os.fsync(fout.fileno())
     return copied
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -154,9 +155,6 @@ class BundleStore:
         activates it again unasked. ``no_previous_version`` when there is none. Returns the version now active."""
         with self._locked():
             pointer = self._pointer()
-            if not pointer.previous:
-                raise StoreError(StoreReason.NO_PREVIOUS_VERSION, f"store {self.root} has no previous version to roll "
-                                                                  f"back to ({self.state_text(pointer)})")
             self._roll_back(pointer, f"{StoreReason.MANUAL}: rolled back by rollback()")
             active = pointer.active
         return self.version(active)
@@ -208,7 +206,7 @@ class BundleStore:
                     raise
                 with self._locked():
                     pointer = self._pointer()
-                    if pointer.active != version or not pointer.previous:
+                    if pointer.active != version or not self._complete_previous(pointer):
                         raise
                     self._roll_back(pointer, f"{StoreReason.LOAD_FAILED}: {type(exc).__name__}: {exc}")
                 continue
@@ -244,7 +242,7 @@ class BundleStore:
         local = self._local
         depth = getattr(local, "depth", 0)
         if depth == 0:
-            local.events = []
+            local.events, local.trash = [], []
         local.depth = depth + 1
         try:
             with self._lock.held():
@@ -252,6 +250,9 @@ class BundleStore:
         finally:
             local.depth = depth
             if depth == 0:  # what was written is told, even when what followed it raised
+                trash, local.trash = local.trash, []
+                for folder in trash:  # pruned folders, moved into trash/ under the lock, deleted outside it
+                    shutil.rmtree(folder, ignore_errors=True)
                 events, local.events = local.events, []
                 for event in events:
                     for hook in list(self._hooks):
@@ -267,10 +268,13 @@ class BundleStore:
 
     def _pointer(self) -> Pointer:
         try:
-            return disk.read_pointer(self.root) or Pointer()
-        except ValueError:  # damaged since the store was opened: recovery rebuilds it
-            with self._locked():
-                return recover(self.root)
+            found = disk.read_pointer(self.root)
+            if found is not None or not any((self.root / VERSIONS).iterdir()):
+                return found or Pointer()
+        except ValueError:  # damaged since the store was opened: recovery reads its copy, or rebuilds it
+            pass
+        with self._locked():  # damaged, or missing while versions are kept: never taken as "nothing installed"
+            return recover(self.root)
 
     def _commit(self, pointer: Pointer, before_replace: Callable[[], None] | None = None) -> None:
         disk.write_pointer(self.root, pointer, before_replace)
@@ -290,7 +294,9 @@ class BundleStore:
         for version in dropped:
             if report is not None:
                 report(InstallStep.PRUNE, {"version": version})
-            self._discard(self.root / VERSIONS / version)
+            moved = disk.discard(self.root / VERSIONS / version, self.root / disk.TRASH, delete=False)
+            if moved is not None:  # deleted once the lock is released (a probation alert prunes on a prediction's
+                self._local.trash.append(moved)  # thread: it must not wait for a large folder to be deleted)
             disk.append_history(self.root, "pruned", version, f"past keep={self.options.keep}")
 
     def _reject(self, version: str, reason: str) -> None:
@@ -303,8 +309,20 @@ class BundleStore:
                 self._commit(pointer)
             disk.append_history(self.root, "rejected", version, reason)
 
+    def _complete_previous(self, pointer: Pointer) -> list[str]:
+        """The previous versions whose folders are complete: the ones a rollback may make active."""
+        return [v for v in pointer.previous if disk.read_record(self.root / VERSIONS / v) is not None]
+
     def _roll_back(self, pointer: Pointer, reason: str) -> None:
-        """Under the lock: back from the active version to the newest previous one, rejected with ``reason``."""
+        """Under the lock: back from the active version to the newest complete previous one, rejected with ``reason``
+        (``no_previous_version`` when there is none: nothing is written then)."""
+        complete = self._complete_previous(pointer)
+        if not complete:
+            broken = [v for v in pointer.previous if v not in complete]
+            raise StoreError(StoreReason.NO_PREVIOUS_VERSION,
+                             f"store {self.root} has no previous version to roll back to ({self.state_text(pointer)}"
+                             f"{'; incomplete: ' + ', '.join(broken) if broken else ''})")
+        pointer.previous = complete  # an incomplete one cannot serve; recovery would forget it too
         old, new = changes.roll_back(pointer, reason)
         self._commit(pointer)
         disk.append_history(self.root, "rolled_back", old, reason, to=new)
@@ -316,7 +334,7 @@ class BundleStore:
             pointer = self._pointer()
             if pointer.active != version or self._probation_of(pointer) is None:
                 return  # rolled back or confirmed meanwhile (another model of it, another process)
-            if not pointer.previous:
+            if not self._complete_previous(pointer):
                 disk.append_history(self.root, "probation_alert", version, f"{reason}; no previous version to roll "
                                     "back to: it stays active")
                 return

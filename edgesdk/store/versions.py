@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..choices import VersionState
-from .disk import now
+from .disk import ID_PATTERN, now
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,48}@[0-9a-f]{12}")
 
 
 def version_id(manifest: dict[str, Any]) -> str:

@@ -20,6 +20,13 @@ def versions(digits_bundle, tmp_path_factory) -> list[Path]:
 
 
 @pytest.fixture(scope="session")
+def five_versions(versions, digits_bundle, tmp_path_factory) -> list[Path]:
+    """Five releases (manifest version 1 to 5): the three of ``versions`` and two more."""
+    out = tmp_path_factory.mktemp("more-releases")
+    return versions + [release(digits_bundle.bundle, out / f"v{n}", str(n)) for n in (4, 5)]
+
+
+@pytest.fixture(scope="session")
 def failing(digits_bundle, tmp_path_factory) -> Path:
     """A release whose golden outputs were moved and its checksums rewritten: it verifies, and fails its self-check."""
     return fail_self_check(release(digits_bundle.bundle, tmp_path_factory.mktemp("failing") / "bad", "bad"))

@@ -57,6 +57,16 @@ def listing(root: Path) -> dict[str, list[str]]:
         "root": sorted(p.name for p in root.iterdir())}
 
 
+def version_files(root: Path) -> dict[str, list[str]]:
+    """Every path under each version folder of the store, outside its ``bundle/`` (a version holds its bundle and
+    ``version.json``, nothing else)."""
+    out = {}
+    for folder in sorted((root / "versions").iterdir()):
+        out[folder.name] = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                                  if p.relative_to(folder).parts[0] != "bundle")
+    return out
+
+
 @dataclass
 class Behaviour:
     """How the server answers the next requests (set by a test)."""

@@ -19,7 +19,7 @@ import pytest
 
 import edgesdk
 from edgesdk import BundleStore, InstallStep
-from store_support import LOAD, listing
+from store_support import LOAD, listing, version_files
 
 # The install of the tests, in a child process that kills itself at its kill_at-th progress call (0: never) and
 # prints every call it saw.
@@ -69,6 +69,7 @@ def _check_consistent(root: Path, expected: str, killed_in_download: bool) -> No
     assert not list(root.glob(".*.tmp")) and not list((root / "downloads").glob(".*.tmp"))
     kept = {v.id for v in store.versions() if v.path is not None}
     assert set(found["versions"]) == kept, (found["versions"], kept)
+    assert version_files(root) == {v: ["version.json"] for v in kept}  # each holds its bundle and record only
     for version in store.versions():
         if version.path is not None:
             edgesdk.Bundle.open(version.path)  # every kept version verifies

@@ -4,6 +4,9 @@ announced length and against the bytes counted, only http(s) is fetched, and a s
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 import time
 from dataclasses import replace
 
@@ -11,7 +14,7 @@ import pytest
 
 from edgesdk import BundleStore, StoreError, VersionState
 from edgesdk.choices import StoreReason
-from store_support import FAST, listing
+from store_support import FAST, listing, version_files
 
 
 @pytest.fixture
@@ -117,3 +120,75 @@ def test_a_server_error_is_retried(server, archive_url, tmp_path):
     with pytest.raises(StoreError, match="attempt 3: HTTP 503"):
         BundleStore(tmp_path / "s", replace(FAST, retries=2)).install(url)
     assert len(server.behaviour.requests) == 3
+
+
+def test_a_url_install_keeps_only_the_bundle_and_its_record(server, archive_url, tmp_path):
+    url, _ = archive_url
+    store = BundleStore(tmp_path / "s", FAST)
+    version = store.install(url)
+    assert version_files(store.root) == {version.id: ["version.json"]}  # no archive, no extraction record
+
+
+@pytest.fixture
+def slow_drip():
+    """A server that announces 12 bytes and sends one every 0.5 s (each read returns within the socket timeout)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: 12\r\nETag: "x"\r\n\r\n')
+                for _ in range(12):
+                    if stop.wait(0.5):
+                        return
+                    try:
+                        conn.sendall(b"x")
+                    except OSError:
+                        break
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/slow.edgebundle"
+    stop.set()
+    listener.close()
+
+
+def test_the_deadline_holds_against_a_server_that_drips(slow_drip, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="deadline of 1 s passed") as info:
+        BundleStore(tmp_path / "s", replace(FAST, timeout_s=1.0, deadline_s=1.0, retries=0)).install(slow_drip)
+    assert info.value.reason is StoreReason.DOWNLOAD_FAILED
+    assert time.monotonic() - started < 3  # not 12 x 0.5 s: the deadline bounds every read
+
+
+def test_a_part_replaced_while_its_lock_was_awaited_is_not_written(server, archive_url, tmp_path, monkeypatch):
+    """Another install finishing meanwhile moves the part file away (into its staging) between this one's open and
+    its lock: this install must not write into the file it moved."""
+    from edgesdk.store import download as downloading
+
+    url, size = archive_url
+    store = BundleStore(tmp_path / "s", FAST)
+    theirs = tmp_path / "theirs.edgebundle"
+    real_lock = downloading._lock  # private: the lock is wrapped to move the part file at that exact moment
+    moved = []
+
+    def lock_after_another_install_moved_it(fd, url):
+        if not moved:
+            part = next((store.root / "downloads").glob("*.part"))
+            os.replace(part, theirs)  # what the other install's os.replace(part, dest) does
+            theirs.write_bytes(b"the other install's archive")
+            moved.append(part)
+        real_lock(fd, url)
+
+    monkeypatch.setattr(downloading, "_lock", lock_after_another_install_moved_it)
+    version = store.install(url)
+    assert version.state is VersionState.ACTIVE
+    assert theirs.read_bytes() == b"the other install's archive"

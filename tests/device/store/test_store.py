@@ -11,7 +11,7 @@ import edgesdk
 from edgesdk import (BundleError, BundleStore, InputError, InstallStep, Probation, RuntimeOptions, StoreError,
                      StoreOptions, VersionState)
 from edgesdk.choices import StoreReason
-from store_support import FAST, LOAD, listing
+from store_support import FAST, LOAD, listing, version_files
 
 
 def _golden(store: BundleStore):
@@ -325,3 +325,50 @@ def test_options_live_in_the_store_object_not_on_disk(store, versions, tmp_path)
     BundleStore(store.root, FAST, keep=0).rollback()
     assert [v.state for v in store.versions()] == [VersionState.ACTIVE, VersionState.REJECTED]
     assert store.versions()[1].path is None  # keep=0: the rejected version is remembered, its folder gone
+
+
+def test_a_previous_version_installed_again_outside_its_rollout_stays_previous_and_is_never_pruned(tmp_path,
+                                                                                                   five_versions):
+    a, b, c, d, e = five_versions
+    store = BundleStore(tmp_path / "s", FAST, keep=2)
+    first, second = store.install(a).id, store.install(b).id
+    assert store.install(a, rollout_percent=0).state is VersionState.PREVIOUS  # not staged: it is kept already
+    store.install(c, rollout_percent=0)
+    store.install(e, rollout_percent=0)
+    store.install(d)  # activates, then prunes the staged folders past keep=2
+    pointer = json.loads((store.root / "ACTIVE").read_text())
+    assert pointer["previous"] == [second, first]
+    assert all((store.root / "versions" / v / "version.json").is_file() for v in pointer["previous"])
+    store.rollback()
+    assert store.rollback().id == first
+    assert BundleStore(store.root, FAST).active().id == first
+
+
+def test_prune_never_drops_the_active_or_a_previous_version():
+    from edgesdk.store import changes
+    from edgesdk.store.disk import Pointer
+
+    pointer = Pointer("d@000000000004", ["b@000000000002", "a@000000000001"])
+    for version in ("a@000000000001", "c@000000000003", "e@000000000005"):  # a: a stale record of a kept version
+        pointer.remember(version, VersionState.STAGED, "not_in_rollout", folder=True)
+    assert changes.prune(pointer, 1) == ["a@000000000001", "c@000000000003"]  # a only as a previous past keep=1
+    assert pointer.previous == ["b@000000000002"] and list(pointer.states) == ["e@000000000005"]
+    pointer = Pointer("d@000000000004", ["a@000000000001"])
+    pointer.remember("a@000000000001", VersionState.STAGED, "not_in_rollout", folder=True)
+    pointer.remember("c@000000000003", VersionState.STAGED, "not_in_rollout", folder=True)
+    assert changes.prune(pointer, 1) == [] and pointer.previous == ["a@000000000001"]
+
+
+def test_rollback_to_an_incomplete_previous_version_is_refused_before_the_pointer_changes(store, versions):
+    first, second = store.install(versions[0]), store.install(versions[1])
+    (first.path.parent / "version.json").unlink()  # its folder damaged since it was kept
+    with pytest.raises(StoreError, match="has no previous version to roll back to") as info:
+        store.rollback()
+    assert info.value.reason is StoreReason.NO_PREVIOUS_VERSION
+    assert json.loads((store.root / "ACTIVE").read_text())["active"] == second.id
+    assert store.active().id == second.id
+
+
+def test_an_archive_install_keeps_only_the_bundle_and_its_record(store, archives):
+    version = store.install(archives[1])
+    assert version_files(store.root) == {version.id: ["version.json"]}
