@@ -1,4 +1,5 @@
-"""Reading the TOML files edgesdk takes (preprocessing specs, platform profiles) with typed errors."""
+"""Reading the TOML files edgesdk takes (preprocessing specs, platform profiles, task configs) with typed errors,
+bounded as every settings file is (:mod:`.settings_file`: a regular file, its size and its nesting capped)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .settings_file import MAX_SETTINGS_DEPTH, check_depth, read_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -15,13 +17,15 @@ else:  # pragma: no cover - 3.10
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """Parse ``path``; a missing, unreadable or malformed file is an InputError naming ``what`` and the file."""
+    """Parse ``path``; a missing, unreadable, oversized, too deeply nested or malformed file is an InputError naming
+    ``what`` and the file."""
     path = Path(path)
+    text = read_text(path, what)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError(f"{what} file not found: {path}") from exc
-    except OSError as exc:
-        raise InputError(f"{what} {path} cannot be read: {exc.strerror or exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(text)
+    except RecursionError:  # arrays or inline tables nested past the parser's stack
+        raise InputError(f"{what} file {path} nests deeper than {MAX_SETTINGS_DEPTH} levels") from None
+    except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{what} file {path} is not valid TOML: {exc}") from exc
+    check_depth(data, path, what)
+    return data

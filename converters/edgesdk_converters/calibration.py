@@ -15,13 +15,19 @@ Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
 Every sample comes out as one array per model input, in input order, of the input's own shape and dtype (int64,
 int32, bool, float16 kept: integer inputs must hold integers). Samples are loaded lazily (an image is decoded only
 when drawn), so a large folder costs only what is used; so is the truth. Image folders carry class labels (their
-sub-folders) and no other truth.
+sub-folders) and no other truth. A ``.npy`` or ``.npz`` is read only from a regular file (a FIFO or a device is
+refused before it is read), and an ``.npz`` that holds a member twice is refused (readers differ on which counts).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import os
+import stat
+import zipfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -87,9 +93,10 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
         elif path.is_dir():
             ds = _read_folder(path, preprocess, label_names, what)
         elif path.suffix == ".npy":
-            arr = _np_load(path, what)
-            if not isinstance(arr, np.ndarray):
-                raise CalibrationError(f"{what} file {path} holds several arrays (an .npz?); a .npy holds one array")
+            with _np_load(path, what) as arr:
+                if not isinstance(arr, np.ndarray):
+                    raise CalibrationError(f"{what} file {path} holds several arrays (an .npz?); a .npy holds one "
+                                           "array")
             ds = _from_array(arr, None, str(path), what)
         elif path.suffix == ".npz":
             ds = _read_npz(path, inputs, what)
@@ -112,37 +119,60 @@ def read_dataset(data: Any, inputs: list[TensorSpec], preprocess: Preprocess | N
     return ds
 
 
-def _np_load(path: Path, what: str):
+@contextmanager
+def _np_load(path: Path, what: str) -> Iterator[Any]:
+    """``with _np_load(path, what) as loaded:`` np.load of ``path`` (an array, or an NpzFile read while the block
+    runs), which must be a regular file: opened without blocking (a FIFO with no writer would wait for ever) and
+    checked on the open descriptor, so the file checked is the file read."""
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise CalibrationError(f"{what} file {path} is not a readable numpy file: {exc}") from exc
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CalibrationError(f"{what} file {path} cannot be opened: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CalibrationError(f"{what} data {path} is not a regular file; only regular files are read")
+        try:
+            loaded = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise CalibrationError(f"{what} file {path} is not a readable numpy file: {exc}") from exc
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                twice = [n for n, count in Counter(loaded.zip.namelist()).items() if count > 1]
+                if twice:  # which one np.load gives is zipfile's choice (the last); another reader takes the first
+                    raise CalibrationError(f"{what} file {path} holds the member {twice[0]!r} twice")
+                yield loaded
+        else:
+            yield loaded
 
 
 def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
     """A ``.npz`` with ``x`` (one input, samples on the first axis) or one array per input name; ``y``: labels;
     :data:`~.task_truth.TRUTH_KEYS`: a task's ground truth."""
-    npz = _np_load(path, what)
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays: x (and "
-                               "y), or one per input name")
+    with _np_load(path, what) as npz:
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays: "
+                                   "x (and y), or one per input name")
+        return _read_npz_arrays(npz, path, inputs, what)
+
+
+def _read_npz_arrays(npz: Any, path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
+    """The arrays of an open ``.npz`` (see :func:`_read_npz`), read while it is open."""
     names = [s.name for s in inputs]
-    with npz:
-        keyed = "x" not in npz.files or (len(names) > 1 and all(n in npz.files for n in names))
-        wanted = names if keyed else ["x"]
-        missing = [n for n in wanted if n not in npz.files]
-        if missing and keyed and len(names) == 1:
-            raise CalibrationError(f"{what} file {path} has no array 'x' nor {names[0]!r} (arrays: "
-                                   f"{', '.join(npz.files) or 'none'})")
-        if missing:
-            raise CalibrationError(f"{what} file {path} lacks the array(s) of input(s) {', '.join(missing)} (model "
-                                   f"inputs: {', '.join(names)}; arrays: {', '.join(npz.files) or 'none'})")
-        try:
-            arrays = [npz[n] for n in wanted]
-            y = npz["y"] if "y" in npz.files else None
-            found = {k: npz[k] for k in TRUTH_KEYS if k in npz.files and k not in wanted}
-        except (OSError, ValueError) as exc:
-            raise CalibrationError(f"{what} file {path}: {exc}") from exc
+    keyed = "x" not in npz.files or (len(names) > 1 and all(n in npz.files for n in names))
+    wanted = names if keyed else ["x"]
+    missing = [n for n in wanted if n not in npz.files]
+    if missing and keyed and len(names) == 1:
+        raise CalibrationError(f"{what} file {path} has no array 'x' nor {names[0]!r} (arrays: "
+                               f"{', '.join(npz.files) or 'none'})")
+    if missing:
+        raise CalibrationError(f"{what} file {path} lacks the array(s) of input(s) {', '.join(missing)} (model "
+                               f"inputs: {', '.join(names)}; arrays: {', '.join(npz.files) or 'none'})")
+    try:
+        arrays = [npz[n] for n in wanted]
+        y = npz["y"] if "y" in npz.files else None
+        found = {k: npz[k] for k in TRUTH_KEYS if k in npz.files and k not in wanted}
+    except (OSError, ValueError) as exc:
+        raise CalibrationError(f"{what} file {path}: {exc}") from exc
     if not keyed:
         x = arrays[0]
         if len(inputs) == 1 and x.ndim == len(inputs[0].shape) + 1 and x.ndim > 1 and x.shape[1] == 1:

@@ -97,16 +97,11 @@ def _converters():
 def _task(kind: str | None, config: Path | None, charset: Path | None) -> dict | None:
     """The task table from --task, --task-config and --charset (--task overrides the file's type)."""
     table: dict = {}
-    if config is not None:
+    if config is not None:  # a regular file, its size and nesting capped (edgesdk.settings_file)
+        from edgesdk.settings_file import read_json
         from edgesdk.tomlfile import read_toml
 
-        if config.suffix.lower() == ".json":
-            try:
-                table = json.loads(config.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise typer.BadParameter(f"{config}: {exc}", param_hint="--task-config") from exc
-        else:
-            table = read_toml(config, "task")
+        table = read_json(config, "task") if config.suffix.lower() == ".json" else read_toml(config, "task")
         table = table.get("task", table) if isinstance(table, dict) else table
         if not isinstance(table, dict):
             raise typer.BadParameter(f"{config} must hold a task table", param_hint="--task-config")
@@ -224,8 +219,9 @@ def debug(
                                        "(default: the bundle's golden inputs)."),
     samples: int = typer.Option(4, "--samples", help="How many inputs to compare on."),
     top: int = typer.Option(10, "--top", help="How many of the worst layers to print per artifact."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of SNR along the network, every artifact "
-                                        "on one chart (needs matplotlib)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG (or .svg, .pdf; without a suffix .png "
+                                        "is added) of SNR along the network, every artifact on one chart (needs "
+                                        "matplotlib). Checked before any work; the report is printed first."),
     as_json: bool = typer.Option(False, "--json", help="Print every layer's numbers as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
 ) -> None:
@@ -236,13 +232,18 @@ def debug(
     to it (SNR in dB, cosine, max/mean |error|); the worst layers first."""
     if samples < 1 or top < 1:
         raise typer.BadParameter("--samples and --top must be at least 1")
-    from .layers.debug import debug_bundle, plot as draw, text
+    from .layers.debug import check_plotting, debug_bundle, plot as draw, text
 
+    if plot is not None:  # before the (slow) work: a name that is no image, or no matplotlib, fails fast
+        from edgesdk.cli.monitoring import plot_target
+
+        plot = plot_target(plot)
+        check_plotting()
     say = (lambda line: None) if quiet or as_json else (lambda line: print(line, file=sys.stderr))
     report = debug_bundle(bundle, artifact or None, val, samples, say)
-    if plot is not None:
+    print(json.dumps(report.as_dict(top), indent=1) if as_json else text(report, top), flush=True)
+    if plot is not None:  # after the report: a plot that cannot be written loses nothing else
         say(f"plot written to {draw(report, plot)}")
-    print(json.dumps(report.as_dict(top), indent=1) if as_json else text(report, top))
 
 
 @app.command()

@@ -5,7 +5,8 @@ The function is called as ``function(outputs, reference, label, task) -> float``
 its reference's (lists of numpy arrays in the manifest's output order, read-only), the sample's integer label or
 None, and the bundle's :class:`~edgesdk.tasks.TaskSpec`. It returns a score in [0, 1], 1 meaning "as the
 reference"; the gate's drop is ``100 * (1 - mean score)`` points and replaces the task's own gate (whose numbers
-are still reported). A function that cannot be found, raises, or returns anything but a number in [0, 1] is a
+are still reported). A function that cannot be found, raises, calls ``sys.exit`` (at import or when called), or
+returns anything but a number in [0, 1] (``10**400`` included: no float holds it) is a
 :class:`~edgesdk.errors.ConversionError` naming it.
 """
 
@@ -39,6 +40,9 @@ def load_metric(metric: str | Metric) -> Metric:
     except ModuleNotFoundError as exc:
         raise ConversionError(f"metric {metric!r}: no module named {exc.name or module_name!r} (is it on the "
                               f"Python path, e.g. in the current directory or installed?)") from exc
+    except SystemExit as exc:  # the user's code ending the process would end quantize, exit 0, nothing written
+        raise ConversionError(f"metric {metric!r}: importing module {module_name!r} called sys.exit({exc.code!r}); "
+                              "a metric module must not exit") from exc
     except Exception as exc:  # the module itself fails while importing: the user's code, any error
         raise ConversionError(f"metric {metric!r}: importing module {module_name!r} failed: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -72,6 +76,9 @@ class PluginScore:
     def add(self, outputs: list[np.ndarray], reference: list[np.ndarray], label: Any, task: TaskSpec) -> None:
         try:
             score = self.function(_read_only(outputs), _read_only(reference), label, task)
+        except SystemExit as exc:
+            raise ConversionError(f"metric {self.name} called sys.exit({exc.code!r}); a metric returns a score") \
+                from exc
         except Exception as exc:  # the user's code: whatever it raises fails the validation, named
             raise ConversionError(f"metric {self.name} raised {type(exc).__name__}: {exc}") from exc
         if isinstance(score, np.ndarray) and score.size == 1:
@@ -79,9 +86,14 @@ class PluginScore:
         if isinstance(score, bool) or not isinstance(score, numbers.Real):
             raise ConversionError(f"metric {self.name} returned {_shown(score)}, not a number (a score in [0, 1], "
                                   f"1 = as the reference)")
-        score = float(score)
-        if not math.isfinite(score) or not 0.0 <= score <= 1.0:
-            raise ConversionError(f"metric {self.name} returned {score!r}, outside [0, 1] (1 = as the reference)")
+        try:
+            value = float(score)
+        except (OverflowError, ValueError, TypeError) as exc:  # an int past float's range; a Real that will not
+            raise ConversionError(f"metric {self.name} returned {_shown(score)}, outside [0, 1] (1 = as the "
+                                  f"reference)") from exc
+        if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+            raise ConversionError(f"metric {self.name} returned {value!r}, outside [0, 1] (1 = as the reference)")
+        score = value
         self.sum, self.n = self.sum + score, self.n + 1
 
     def value(self) -> float:
@@ -102,5 +114,12 @@ def _read_only(arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """``value``'s type and the start of its repr; a huge int by its digits (Python refuses to print past 4300)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 60:
+        digits = int(math.log10(abs(value))) + 1
+        return f"int {str(value)[:40] + '... ' if digits <= 4000 else ''}({digits} digits)"
+    try:
+        text = repr(value)
+    except Exception as exc:  # the user's object: its repr may fail too
+        text = f"<repr failed: {type(exc).__name__}>"
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from edgesdk.atomic_file import check_replaceable, publish_dir
 from edgesdk.bundle.reader import MANIFEST, Bundle
-from edgesdk.errors import CalibrationError, ConversionError, TargetsFailed, ValidationFailed
+from edgesdk.errors import CalibrationError, ConversionError, InputError, TargetsFailed, ValidationFailed
 from edgesdk.bundle.preprocess import Preprocess
 from edgesdk.bundle.report import failing_artifacts, timing_report, validation_table
 
@@ -360,10 +360,13 @@ def _preprocess(pre) -> Preprocess | None:
 def _labels(labels) -> list[str] | None:
     if labels is None or isinstance(labels, list):
         return labels
-    path = Path(labels)
-    if not path.is_file():
-        raise CalibrationError(f"labels file not found: {path}")
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from edgesdk.settings_file import read_text
+
+    try:  # a regular file (a FIFO would block), its size capped
+        text = read_text(labels, "labels")
+    except InputError as exc:
+        raise CalibrationError(str(exc)) from exc
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _check_label_text(names: list[str] | None) -> None:

@@ -1,22 +1,19 @@
 """``edgesdk run``: load a bundle on the best backend here and predict each input, showing where it ran, the budget
-state and each answer (:mod:`.inputs` reads the inputs, :mod:`.show` says and draws the answers); with
-``--monitor FILE`` the run's telemetry goes to FILE (:mod:`.monitoring`)."""
+state and each answer as it comes (:mod:`.inputs` reads the inputs, an array file sample by sample; :mod:`.answers`
+prints the answers; :mod:`.show` says and draws them); with ``--monitor FILE`` the run's telemetry goes to FILE
+(:mod:`.monitoring`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from ..errors import BackendUnavailable, BudgetExceeded, CloudError, EdgeSDKError, InputError
+from ..errors import BackendUnavailable, BudgetExceeded, CloudError, InputError
 from ._app import app
-
-
-def _backend(placement) -> str:
-    return f"{placement.engine}:{placement.device}:{placement.artifact}"
+from .inputs import MAX_SAMPLES_PER_FILE
 
 
 def _governor(root: Path, profile: Optional[str]):
@@ -58,8 +55,13 @@ def run(
                                             "bearer token."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     draw: Optional[Path] = typer.Option(None, "--draw", help="Write each image input with its answer drawn on it "
-                                        "(boxes, masks, points, text) as a PNG: this file for one input, else a "
-                                        "directory of <input>.drawn.png."),
+                                        "(boxes, masks, points, text) as a PNG: this file for one input, else (or "
+                                        "when it is a directory) a directory of <input>.drawn.png. An existing "
+                                        "file is not replaced without --force."),
+    force: bool = typer.Option(False, "--force", help="Let --draw replace existing files (a symlink is replaced "
+                               "itself, never written through)."),
+    max_samples: int = typer.Option(MAX_SAMPLES_PER_FILE, "--max-samples", help="Refuse a .npy or .npz holding "
+                                    "more samples than this (one prediction each), from its header."),
     monitor_file: Optional[Path] = typer.Option(None, "--monitor", help="Append the run's telemetry to this file "
                                                 "(JSON lines: a snapshot at each evaluation and at the end, each "
                                                 "alert); read it with `edgesdk monitor FILE`. Checked writable "
@@ -67,19 +69,22 @@ def run(
 ) -> None:
     """Load a bundle on the best backend here and predict each input; shows where it really ran and the budget state.
     A bundle with a task (detection, segmentation, text, ...) prints its decoded answer: boxes in the original
-    image's pixels, masks, text, points, values; ``--json`` carries them in full.
+    image's pixels, masks, text, points, values; ``--json`` carries them in full. Each answer is printed as it comes;
+    a .npy or .npz is read one sample at a time, its headers checked against the model's inputs first.
 
     With --mode other than device-only and --cloud URL, hard inputs (or all, per the mode) go to the cloud; each
     result says its source, why it escalated and whether it is degraded (the cloud failed, the device answered).
     With --monitor FILE the model's monitor (the device model's in hybrid mode) appends its telemetry to FILE: a
     snapshot every 50 predictions once 300 are in, each alert, and at the end one more evaluation (so that a short
     run has its drift figures too) and a last snapshot.
-    Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget."""
+    Exits 3 when the bundle cannot be served (the reason code is printed) or an input was refused by a budget; 2
+    when an input was unusable or could not be drawn (every other answer is still printed)."""
     from ..runtime.loading import load
-    from .inputs import describe_output, predictions, read_input
-    from .show import describe
+    from .inputs import predictions, read_input
 
-    items = [(str(p), read_input(p)) for p in inputs]  # before the (slow) load: a typo fails fast
+    if max_samples < 1:
+        raise InputError(f"--max-samples must be at least 1, got {max_samples}")
+    items = [(str(p), read_input(p)) for p in inputs]  # headers only, before the (slow) load: a typo fails fast
     unreadable = [v for _, v in items if isinstance(v, InputError)]
     if len(unreadable) == len(items):
         raise unreadable[0]
@@ -104,147 +109,162 @@ def run(
     if sink is not None and watched is None:
         sink.close()
         print(f"warning: --monitor {monitor_file}: no device model ran here, nothing is monitored", file=sys.stderr)
-    signals: dict = {}
     specs = model.bundle.manifest["inputs"]
-    items = [row for label, value in items for row in predictions(label, value, specs)]  # batches: one row per sample
-    labels = [label for label, _ in items]
-    results: list = []
+    images = model.bundle.preprocess is not None
+    # Every file's headers against the model's inputs, before any data is read: how many predictions, each lazy.
+    planned = [predictions(label, value, specs, images, max_samples) for label, value in items]
+    drawings = None
+    if draw is not None:
+        from .show import Drawings
+
+        drawings = Drawings(draw, sum(count for count, _ in planned) > 1, force)
+    shown = _JsonRun(model, mode, cloud) if as_json else _TextRun(model, mode, cloud, governor)
+    tally = _Tally()
+    signals: dict = {}
     with model:
-        for _, value in items:  # one answer per input: a refused or unreadable one does not hide the others
-            if isinstance(value, InputError):
-                results.append(value)
-                continue
-            try:
-                results.append(model.predict(value))
-            except (InputError, BudgetExceeded, CloudError, BackendUnavailable) as exc:
-                results.append(exc)
+        for _, rows in planned:
+            for label, value in rows:  # one answer per input: a refused or unusable one does not hide the others
+                result = value if isinstance(value, InputError) else _predict(model, value)
+                drawn = not_drawn = None
+                if drawings is not None and not isinstance(result, Exception):
+                    try:
+                        drawn = str(drawings.write(label, result.decoded, value))
+                    except InputError as exc:
+                        not_drawn = str(exc)
+                        _stderr(f"{label}: not drawn: {exc}")
+                shown.add(label, result, drawn, not_drawn)
+                tally.add(result, not_drawn)
         if watched is not None:
             from .monitoring import finish_run
 
             signals = finish_run(watched)  # then closing the model writes the last snapshot
-    if all(isinstance(r, InputError) for r in results):
-        raise results[0]  # nothing usable: an error, as for one bad input
-    drawn = _draw_all(draw, items, results) if draw is not None else {}
-    refused = any(isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)) for r in results)
-    bad_input = any(isinstance(r, InputError) for r in results)
-    if as_json:
-        rows = []
-        for p, r in zip(labels, results):
-            if isinstance(r, BudgetExceeded):
-                rows.append({"input": str(p), "source": None, "top": [],
-                             "budget": {"action": "refused", "reason": r.reason, "detail": r.detail}})
-            elif isinstance(r, EdgeSDKError):
-                rows.append({"input": str(p), "source": None, "top": [], "error": r.to_dict()})
-            else:
-                row = {"input": str(p), **r.to_dict()}
-                if r.source == "cloud":
-                    row["backend"] = cloud
-                if p in drawn:
-                    row["drawn"] = drawn[p]
-                rows.append(row)
-        memory_state = device_model.budget.get("memory") if device_model is not None else None
-        state = {"memory": memory_state, "thermal": governor.state() if governor else None}
-        placement = device_model.placement.to_dict() if device_model is not None else None
-        out = {"placement": placement, "budget": state, "results": rows}
+    shown.finish(governor, sink if watched is not None else None, signals)
+    if tally.first_error is not None and not tally.usable:
+        raise tally.first_error  # nothing usable: an error, as for one bad input
+    if tally.refused:
+        raise typer.Exit(3)
+    if tally.bad_input or tally.not_drawn:
+        raise typer.Exit(2)
+
+
+def _predict(model, value):
+    """The model's answer to ``value``, or the refusal that stands in its place."""
+    try:
+        return model.predict(value)
+    except (InputError, BudgetExceeded, CloudError, BackendUnavailable) as exc:
+        return exc
+
+
+class _Tally:
+    """What the exit code needs to know of the answers, without holding them."""
+
+    def __init__(self) -> None:
+        self.usable = self.refused = self.bad_input = self.not_drawn = False
+        self.first_error: InputError | None = None
+
+    def add(self, result, not_drawn: str | None) -> None:
+        if isinstance(result, InputError):
+            self.bad_input = True
+            self.first_error = self.first_error or result
+        else:
+            self.usable = True
+            self.refused |= isinstance(result, (BudgetExceeded, CloudError, BackendUnavailable))
+        self.not_drawn |= not_drawn is not None
+
+
+class _JsonRun:
+    """``run --json``: the placement (and the hybrid set-up) first, each result as it comes, the budget state and
+    the monitor's summary at the end."""
+
+    def __init__(self, model, mode: str, cloud: Optional[str]):
+        from .answers import JsonAnswers
+
+        self.model, self.cloud = model, cloud
+        self.device = getattr(model, "device", model)
+        head = {"placement": self.device.placement.to_dict() if self.device is not None else None}
         if mode != "device-only":
-            out["hybrid"] = {"mode": mode, "cloud": cloud, "threshold": model.policy.threshold,
-                             "signal": model.policy.signal,
-                             "device_error": str(model.device_error) if model.device_error else None}
-        if watched is not None:
+            head["hybrid"] = {"mode": mode, "cloud": cloud, "threshold": model.policy.threshold,
+                              "signal": model.policy.signal,
+                              "device_error": str(model.device_error) if model.device_error else None}
+        self.out = JsonAnswers(head)
+
+    def add(self, label: str, result, drawn: Optional[str], not_drawn: Optional[str]) -> None:
+        from .answers import json_row
+
+        self.out.add(json_row(label, result, self.cloud, drawn, not_drawn))
+
+    def finish(self, governor, sink, signals: dict) -> None:
+        memory_state = self.device.budget.get("memory") if self.device is not None else None
+        tail = {"budget": {"memory": memory_state, "thermal": governor.state() if governor else None}}
+        if sink is not None:
             from .monitoring import run_summary
 
-            out["monitor"] = run_summary(sink, signals)
-        print(json.dumps(out, indent=2, default=str))
-        _exit(refused, bad_input)
-        return
+            tail["monitor"] = run_summary(sink, signals)
+        self.out.finish(tail)
+
+
+class _TextRun:
+    """``run``'s text: where it runs (placement, numerics, speed, memory, thermal) first, a line per answer as it
+    comes, the monitor's line at the end. Every line is escaped: labels, paths and engine or server text are data,
+    never terminal controls."""
+
+    def __init__(self, model, mode: str, cloud: Optional[str], governor):
+        from ..bundle.report import printable
+        from .answers import Stdout
+
+        self.out, self.printable = Stdout(), printable
+        device_model = getattr(model, "device", model)
+        self.placement = device_model.placement if device_model is not None else None
+        self.output_names = [o["name"] for o in model.bundle.manifest["outputs"]]
+        if mode != "device-only":
+            policy = model.policy
+            when = (f"when {policy.signal} crosses {policy.threshold:g}" if policy.signal is not None else
+                    "only on out-of-range input: this task has no confidence signal")
+            self.say(f"hybrid: {mode} with {cloud} (escalates {when})")
+        if device_model is None:
+            self.say(f"placement: none on this device ({model.device_error}); the cloud answers")
+        pl = self.placement
+        if pl is not None:
+            self.say(f"placement: {pl}")
+            self.say(f"  numerics: {pl.numerics}")
+            race = pl.engine_choice
+            if race:  # edgesdk.runtime.precision_choice race: which engine and precision are fastest here?
+                times = ", ".join(f"{label.split(':')[-1]} {ms} ms" for label, ms in race["timings_ms"].items())
+                self.say(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; "
+                         f"profile's first: {race['incumbent']})")
+            choice = pl.precision_choice
+            if choice:  # edgesdk.runtime.precision_choice: was INT8 faster than FP32 here?
+                seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"
+                self.say(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; "
+                         f"{choice['method']})")
+            mem = device_model.budget.get("memory", {})
+            switched = device_model.budget.get("action") == "artifact_switched"
+            self.say(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB "
+                     f"({mem.get('source')}){', artifact switched to fit' if switched else ''}")
+            for s in pl.skipped:
+                self.say(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
+        if governor is not None:
+            governor.poll()  # the state the run starts in (the sensor is read once more only after its interval)
+            st = governor.state()
+            self.say(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
+
+    def say(self, line: str) -> None:
+        self.out.write(self.printable(line) + "\n")
+
+    def add(self, label: str, result, drawn: Optional[str], not_drawn: Optional[str]) -> None:
+        from .answers import answer_line
+
+        self.say(answer_line(label, result, self.output_names, self.placement, drawn))
+
+    def finish(self, governor, sink, signals: dict) -> None:
+        if sink is not None:
+            from .monitoring import run_line
+
+            self.say(run_line(sink, signals))
+        self.out.flush()
+
+
+def _stderr(line: str) -> None:
     from ..bundle.report import printable
 
-    def say(line: str) -> None:  # labels, paths and engine or server text are data: never terminal controls
-        print(printable(line))
-
-    if mode != "device-only":
-        policy = model.policy
-        when = (f"when {policy.signal} crosses {policy.threshold:g}" if policy.signal is not None else
-                "only on out-of-range input: this task has no confidence signal")
-        say(f"hybrid: {mode} with {cloud} (escalates {when})")
-    if device_model is None:
-        say(f"placement: none on this device ({model.device_error}); the cloud answers")
-    pl = device_model.placement if device_model is not None else None
-    if pl is not None:
-        say(f"placement: {pl}")
-        say(f"  numerics: {pl.numerics}")
-        race = pl.engine_choice
-        if race:  # edgesdk.runtime.precision_choice race: which engine and precision are fastest here?
-            times = ", ".join(f"{label.split(':')[-1]} {ms} ms" for label, ms in race["timings_ms"].items())
-            say(f"  speed: {race['chosen']} ({'cached' if race['cached'] else 'measured'}; {times}; profile's "
-                  f"first: {race['incumbent']})")
-        choice = pl.precision_choice
-        if choice:  # edgesdk.runtime.precision_choice: was INT8 faster than FP32 here?
-            seen = "cached" if choice["cached"] else "measured" if choice["ratio"] is not None else "not measured"
-            say(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; {choice['method']})")
-        mem = device_model.budget.get("memory", {})
-        switched = device_model.budget.get("action") == "artifact_switched"
-        say(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB ({mem.get('source')})"
-              f"{', artifact switched to fit' if switched else ''}")
-        for s in pl.skipped:
-            say(f"  skipped {s.candidate.label()}: {s.reason} ({s.detail})")
-    if governor is not None:
-        st = governor.state()
-        say(f"  thermal: {st.get('level')} at {st.get('temperature_c')} C ({st.get('source')})")
-    output_names = [o["name"] for o in model.bundle.manifest["outputs"]]
-    for p, r in zip(labels, results):
-        if isinstance(r, InputError):
-            say(f"{p}: error: {r}")
-            continue
-        if isinstance(r, (BudgetExceeded, CloudError, BackendUnavailable)):
-            say(f"{p}: refused ({r.reason}): {r.detail}")
-            continue
-        task_line = describe(r.decoded)
-        if task_line is not None:
-            answer = task_line
-        elif r.top:
-            answer = ", ".join(f"{t.label if t.label is not None else t.index}: {t.score:.3f}" for t in r.top[:3])
-        else:  # not a classifier: say what came out (--json gives the values)
-            answer = "; ".join(describe_output(name, o) for name, o in zip(output_names, r.outputs))
-        if p in drawn:
-            answer += f"  (drawn: {drawn[p]})"
-        action = r.budget.get("action")
-        notes = [f"{r.timings_ms.get('inference', r.timings_ms.get('cloud', 0.0)):.3f} ms"]
-        if action:
-            notes.append(action)
-        if r.source == "device" and pl is not None and _backend(r.placement) != _backend(pl):
-            notes.append(f"on {_backend(r.placement)}")
-        if r.escalation_reason:
-            notes.append(f"escalated: {r.escalation_reason}")
-        if r.degraded:
-            notes.append(f"degraded: cloud {r.cloud_error}")
-        say(f"{p}: {answer}  [{r.source}, {', '.join(notes)}]")
-    if watched is not None:
-        from .monitoring import run_line
-
-        say(run_line(sink, signals))
-    _exit(refused, bad_input)
-
-
-def _draw_all(out: Path, items: list, results: list) -> dict[str, str]:
-    """``--draw``: each answered image input drawn (input label -> the PNG written); an input that is not an image
-    is said on stderr, not drawn."""
-    from .show import draw, drawn_path
-
-    answered = [(label, value, r) for (label, value), r in zip(items, results) if not isinstance(r, Exception)]
-    several = len(items) > 1
-    drawn = {}
-    for label, value, r in answered:
-        try:
-            drawn[label] = str(draw(r.decoded, value, drawn_path(out, label, several)))
-        except InputError as exc:
-            print(f"{label}: not drawn: {exc}", file=sys.stderr)
-    return drawn
-
-
-def _exit(refused: bool, bad_input: bool) -> None:
-    """Exit 3 when a budget, the backend or the cloud refused an input, 2 when an input was unusable."""
-    if refused:
-        raise typer.Exit(3)
-    if bad_input:
-        raise typer.Exit(2)
+    print(printable(line), file=sys.stderr, flush=True)

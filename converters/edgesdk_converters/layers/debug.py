@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from edgesdk.errors import ConversionError
+from edgesdk.errors import ConversionError, InputError
 
 from . import Layer, probe_for
 from .align import align
@@ -247,8 +247,18 @@ def text(report: DebugReport, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def check_plotting() -> None:
+    """Refuse now, before any work, when :func:`plot` could not draw: matplotlib is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConversionError("--plot needs matplotlib (pip install matplotlib)")
+
+
 def plot(report: DebugReport, path: Path) -> Path:
-    """SNR (accumulated, and added as dots) along the network, one line per artifact, x = the source's layer order."""
+    """SNR (accumulated, and added as dots) along the network, one line per artifact, x = the source's layer order;
+    written to ``path`` in the format its suffix names (.png, .svg, .pdf). A file that cannot be written is an
+    :class:`~edgesdk.errors.InputError` naming it."""
     try:
         import matplotlib
 
@@ -272,8 +282,12 @@ def plot(report: DebugReport, path: Path) -> Path:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110, format=path.suffix[1:].lower() or "png")
+    except OSError as exc:
+        raise InputError(f"--plot {path} cannot be written: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)
     return path
 
 
