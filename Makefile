@@ -17,8 +17,12 @@ CLOUD_EXTRAS ?= onnxruntime
 # which litert-torch's xdsl pin (< 4.13) keeps out of .venv. It also shows the runtime installs without the converters.
 DEVICE_VENV ?= .venv-device
 DEVICE_EXTRAS ?= onnxruntime,trust
+# A second V2 server for the interop tests (tests/cloud/test_v2_interop.py): Seldon's MLServer, in a venv of its own
+# (it pins what kserve's venv cannot share); the tests skip, saying so, without it.
+MLSERVER_VENV ?= .venv-mlserver
+MLSERVER ?= mlserver==1.7.1
 
-.PHONY: setup setup-cloud setup-device setup-isa demo demo-hybrid test bench conformance recovery fuzz clean
+.PHONY: setup setup-cloud setup-device setup-mlserver setup-isa demo demo-hybrid test bench conformance recovery fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -45,6 +49,14 @@ $(DEVICE_VENV)/.installed: pyproject.toml
 	$(DEVICE_VENV)/bin/python -m pip install --quiet -e ".[$(DEVICE_EXTRAS)]" "pytest>=8" "hypothesis>=6.170"
 	touch $@
 
+setup-mlserver: $(MLSERVER_VENV)/.installed
+
+$(MLSERVER_VENV)/.installed:
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet "$(MLSERVER)" "onnxruntime>=1.18"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/edgesdk demo
 
@@ -66,8 +78,9 @@ setup-isa:
 	fi
 
 # Two runs: everything in .venv, then the signature tests (marked `trust`) in the device venv.
-test: setup setup-cloud setup-device setup-isa
-	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" EDGESDK_DEVICE_VENV="$(abspath $(DEVICE_VENV))" $(PY) -m pytest -q -m "not trust"
+test: setup setup-cloud setup-device setup-mlserver setup-isa
+	EDGESDK_CLOUD_VENV="$(abspath $(CLOUD_VENV))" EDGESDK_DEVICE_VENV="$(abspath $(DEVICE_VENV))" \
+	  EDGESDK_MLSERVER_VENV="$(abspath $(MLSERVER_VENV))" $(PY) -m pytest -q -m "not trust"
 	$(DEVICE_VENV)/bin/python -m pytest -q -m trust tests/device/trust
 
 bench: setup

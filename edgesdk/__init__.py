@@ -15,9 +15,9 @@ from .bundle.tensors import Top
 from .runtime.loading import load
 from .runtime.model import Model
 from .runtime.options import Budgets, RuntimeOptions
-from .runtime.result import Result
+from .result import Result
 from .runtime.placement import Placement
-from .budgets.pool import ModelPool
+from .runtime.pool import ModelPool
 from .bundle.preprocess import Preprocess
 from .trust import Trust
 from .store import BundleStore, Probation, StoreOptions, StoreVersion

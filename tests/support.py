@@ -34,7 +34,7 @@ def rehash(bundle_dir: Path) -> None:
     """Make a bundle's manifest checksums match its files again (what a careless or hostile edit would do)."""
     import json
 
-    from edgesdk.bundle.reader import sha256_file
+    from edgesdk.file_digest import sha256_file
 
     path = bundle_dir / "manifest.json"
     manifest = json.loads(path.read_text())
@@ -218,7 +218,7 @@ class FakeClock:
 def file_entry(root: Path, path: Path) -> dict:
     """A manifest file entry, written here and not taken from the workstation's bundle writer: the device tests run
     where the converters are not installed (.venv-device)."""
-    from edgesdk.bundle.reader import sha256_file
+    from edgesdk.file_digest import sha256_file
 
     return {"path": path.resolve().relative_to(root.resolve()).as_posix(), "sha256": sha256_file(path),
             "bytes": path.stat().st_size}

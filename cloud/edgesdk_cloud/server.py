@@ -260,7 +260,7 @@ def _bundle_model_class() -> type:
                 feeds, batch = self.signature.feeds(payload.inputs, self.max_batch)
                 self.signature.check_outputs(payload.request_outputs)
                 arrays = await asyncio.get_running_loop().run_in_executor(None, self._run, feeds, batch, started)
-            except InputError as exc:
+            except InputError as exc:  # the request's, or the engine's check of its arrays (counted here only)
                 if self.monitor is not None:
                     self.monitor.failed(type(exc).__name__)
                 raise InvalidInput(str(exc)) from exc
@@ -283,8 +283,12 @@ def _bundle_model_class() -> type:
                         rows = [(row, engine.run(row)) for row in ([f[i:i + 1] for f in feeds] for i in range(batch))]
                     t2 = time.perf_counter()
             except Exception as exc:
-                if self.monitor is not None and not isinstance(exc, ModelNotReady):
-                    self.monitor.failed(str(getattr(exc, "reason", None) or type(exc).__name__))
+                # an InputError is counted once, by predict; a failed request counts one failure per row it held,
+                # as its answered rows would count one prediction each
+                if self.monitor is not None and not isinstance(exc, (ModelNotReady, InputError)):
+                    reason = str(getattr(exc, "reason", None) or type(exc).__name__)
+                    for _ in range(batch if self.signature.batched else 1):
+                        self.monitor.failed(reason)
                 raise
             if self.monitor is not None:  # each row as a device's prediction: its share of the request's times
                 pre, inf = (t1 - started) * 1e3 / len(rows), (t2 - t1) * 1e3 / len(rows)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgesdk.bundle.reader import MANIFEST, sha256_file
+from edgesdk.bundle.reader import MANIFEST
+from edgesdk.file_digest import sha256_file
 
 
 def file_entry(root: Path, path: Path) -> dict[str, Any]:

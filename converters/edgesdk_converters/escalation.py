@@ -99,10 +99,11 @@ def _measure_and_choose(b, bundle_path, ds, specs, names, ranges, device, closin
 
     if cloud is not None:
         from edgesdk.hybrid.client import CloudClient
+        from edgesdk.tasks.answers import AnswerCheck
 
-        # answers checked against the bundle's outputs, as hybrid mode checks them (a wrong one is an error)
+        # answers checked against the bundle's outputs and task, as hybrid mode checks them (a wrong one is an error)
         client = CloudClient(cloud, b.name, token_env=token_env, deadline_s=10.0, timeout_s=5.0,
-                             expected_outputs=b.manifest["outputs"])
+                             expected_outputs=b.manifest["outputs"], answer_check=AnswerCheck.of(b.manifest))
         closing.append(client)
         client.check_inputs(b.manifest["inputs"])
         remote = lambda feeds: client.infer(feeds, names)  # noqa: E731

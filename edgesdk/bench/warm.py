@@ -47,6 +47,7 @@ import numpy as np
 
 from ..choices import BackendReason
 from ..errors import BackendUnavailable, InputError
+from ..runtime import timing
 
 SCENARIOS = ("single-stream", "offline", "both")
 MIN_QUERIES_P90 = 64  # MLPerf LoadGen early stopping: the fewest queries for a p90 ...
@@ -131,24 +132,14 @@ def measure_backend(bundle_path: str, engine: str, device: str, artifact: str, o
                            "artifact": artifact, "precision": placement.precision,
                            "effective_precision": placement.effective_precision or placement.precision,
                            "executing": placement.executing, "model_mb": round(model_mb, 1)}
-    warm_start, warm_n = time.perf_counter(), 0
-    while warm_n < WARMUP_QUERIES or time.perf_counter() - warm_start < WARMUP_S:
-        model.predict(x)
-        warm_n += 1
-    row["warmup"] = {"queries": warm_n, "seconds": round(time.perf_counter() - warm_start, 3)}
+    # The warm-up, then (single-stream) queries until duration_s has passed and a p99's worth were made, or the cap:
+    # timed by the one timing loop autotune and the speed checks use (edgesdk.runtime.timing).
+    warm = timing.run_times(lambda: model.predict(x), warmup=WARMUP_QUERIES, warmup_s=WARMUP_S, max_runs=0)
+    row["warmup"] = {"queries": warm.warmup_runs, "seconds": round(warm.warmup_s, 3)}
     if options.scenario in ("single-stream", "both"):
         progress(f"{engine}:{placement.device}:{artifact}: single-stream")
-        lat: list[float] = []
-        start = time.perf_counter()
-        cap = options.duration_s * MAX_DURATION_FACTOR
-        while True:
-            t0 = time.perf_counter()
-            model.predict(x)
-            t1 = time.perf_counter()
-            lat.append(t1 - t0)
-            elapsed = t1 - start
-            if (elapsed >= options.duration_s and len(lat) >= MIN_QUERIES_P99) or elapsed >= cap:
-                break
+        lat = list(timing.run_times(lambda: model.predict(x), min_runs=MIN_QUERIES_P99, min_s=options.duration_s,
+                                    max_s=options.duration_s * MAX_DURATION_FACTOR, wall=True).seconds)
         row.update(latency_summary(lat))
         row["latencies_ms"] = [round(v * 1e3, 4) for v in lat]
     if options.scenario in ("offline", "both"):

@@ -16,6 +16,7 @@ import psutil
 
 from ..atomic_file import write_json_atomic
 from ..errors import BudgetExceeded
+from ..user_cache import cache_dir
 
 MB = 1024 * 1024
 # Working memory of an engine before it was ever measured here: a deliberately high guess.
@@ -76,8 +77,6 @@ class CostBook:
     """Remembered working memory per (artifact sha256, engine, device), in the user cache dir."""
 
     def __init__(self, path: Path | None = None):
-        from ..runtime.autotune import cache_dir
-
         self.path = path or cache_dir() / "memory.json"
         try:
             self._data = json.loads(self.path.read_text())

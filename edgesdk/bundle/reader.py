@@ -13,7 +13,6 @@ Both read as :class:`GoldenArrays`.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 import zipfile
@@ -27,6 +26,7 @@ import numpy as np
 from . import external_data
 from . import schema as bundle_schema
 from ..errors import BundleError, FailedArtifactWarning
+from ..file_digest import sha256_file
 from .arrays import read_exactly
 from .report import outputs_over_cap
 
@@ -35,14 +35,6 @@ MAX_GOLDEN_BYTES = 256 << 20  # the golden arrays the manifest names, decoded; a
 GOLDEN_BYTES_VAR = "EDGESDK_MAX_GOLDEN_BYTES"
 # Defined with the schema; named here too: the quantizer writes FORMAT_VERSION, platform profiles check the rest.
 FORMAT_VERSION, ENGINES, PRECISIONS = bundle_schema.FORMAT_VERSION, bundle_schema.ENGINES, bundle_schema.PRECISIONS
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _stat(path: Path) -> tuple[int, ...] | None:

@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import BundleError, InputError
 # the checkers (_show: also the bundle readers' way to quote a value)
 from .specs import Bool, Int, ListOf, MapOf, Nullable, Num, Obj, OneOf, Rule, Scalar, Spec, Str, _show  # noqa: F401
@@ -43,6 +45,16 @@ MANIFEST_BYTES_VAR = "EDGESDK_MAX_MANIFEST_BYTES"
 MAX_JSON_DEPTH = 64  # a real manifest nests 5 deep
 MAX_PREPROCESS_PIXELS = 8192 * 8192  # one resized image becomes ~12 bytes a pixel of float32 work arrays
 PREPROCESS_PIXELS_VAR = "EDGESDK_MAX_PREPROCESS_PIXELS"
+# A tensor the manifest declares: its elements (a -1 counted as 1) at most edgesdk.bundle.tensors.MAX_ARRAY_ELEMENTS
+# (what predict takes), its bytes at most this; an input edgesdk makes itself at each stream or predict (a state
+# input's zeros, a fixed input's value) at most the second.
+MAX_TENSOR_BYTES = 512 << 20
+TENSOR_BYTES_VAR = "EDGESDK_MAX_TENSOR_BYTES"
+MAX_FILLED_INPUT_BYTES = 16 << 20  # Silero VAD's state is 1 KiB; a fixed input is a scalar
+FILLED_INPUT_BYTES_VAR = "EDGESDK_MAX_FILLED_INPUT_BYTES"
+# The dtypes a tensor may have: numbers and bools of at most 8 bytes (bfloat16, which numpy lacks, is fed as float32).
+TENSOR_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                 "bfloat16", "float32", "float64")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # What draws on a terminal instead of showing (C0/C1 controls, line and paragraph separators, bidi overrides and
 # isolates) or cannot be printed at all (lone surrogates): refused in names, ids and labels.
@@ -353,7 +365,53 @@ def _cross_checks(manifest: dict[str, Any]) -> list[str]:
         elif first[:-4] + ".bin" not in paths:
             problems.append(f"artifacts[{i}].files must list {_show(first[:-4] + '.bin')}, the weights OpenVINO reads "
                             f"beside {_show(first)}")
-    return problems + _state_fits(manifest) + _preprocess_fits(manifest) + _task_fits(manifest) + _golden_fits(manifest)
+    return problems + _tensors_fit(manifest) + _state_fits(manifest) + _preprocess_fits(manifest) \
+        + _task_fits(manifest) + _golden_fits(manifest)
+
+
+def tensor_bytes_per_element(dtype: str) -> int | None:
+    """The bytes one element of a tensor of manifest ``dtype`` takes as edgesdk feeds it (bfloat16: as float32);
+    None for a dtype that is not one of :data:`TENSOR_DTYPES`."""
+    if dtype not in TENSOR_DTYPES:
+        return None
+    return 4 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
+def _tensors_fit(manifest: dict[str, Any]) -> list[str]:
+    """Every declared tensor has a number or bool dtype and a bounded size; the inputs edgesdk fills in itself
+    (state, fixed) a smaller one. Counted from the shape, never allocated."""
+    from . import tensors  # its MAX_ARRAY_ELEMENTS, read now: an app may have raised it
+
+    max_elements = tensors.MAX_ARRAY_ELEMENTS
+    max_bytes = env_limit(TENSOR_BYTES_VAR, MAX_TENSOR_BYTES)
+    max_filled = env_limit(FILLED_INPUT_BYTES_VAR, MAX_FILLED_INPUT_BYTES)
+    state_inputs = {pair.get("input") for pair in manifest.get("state") or [] if isinstance(pair, dict)}
+    problems = []
+    for side in ("inputs", "outputs"):
+        for i, t in enumerate(manifest[side]):
+            where = f"{side}[{i}] {_show(t['name'])}"
+            itemsize = tensor_bytes_per_element(t["dtype"])
+            if itemsize is None:
+                problems.append(f"{where}: dtype {_show(t['dtype'])} is not a numeric or bool dtype of at most 8 "
+                                "bytes (bool, int8 to int64, uint8 to uint64, float16, bfloat16, float32, float64)")
+                continue
+            elements = 1
+            for d in t["shape"]:
+                elements *= max(d, 1)
+            declared = f"({t['dtype']} {t['shape']})"
+            if elements > max_elements:
+                problems.append(f"{where}: shape {t['shape']} is {elements} elements, over the limit of {max_elements} "
+                                f"(edgesdk.bundle.tensors.MAX_ARRAY_ELEMENTS)")
+            elif elements * itemsize > max_bytes:
+                problems.append(f"{where}: {elements * itemsize} bytes {declared}, over the limit of {max_bytes} for "
+                                f"one tensor (${TENSOR_BYTES_VAR} raises it)")
+            filled = "a state input" if side == "inputs" and t["name"] in state_inputs else \
+                "a fixed input" if side == "inputs" and "fixed" in t else None
+            if filled and elements <= max_elements and elements * itemsize > max_filled:
+                problems.append(f"{where}: {filled} of {elements * itemsize} bytes {declared}, over the limit of "
+                                f"{max_filled} for an input edgesdk fills in itself (${FILLED_INPUT_BYTES_VAR} "
+                                "raises it)")
+    return problems
 
 
 def _golden_fits(manifest: dict[str, Any]) -> list[str]:
@@ -390,7 +448,9 @@ def _state_fits(manifest: dict[str, Any]) -> list[str]:
 
 
 def _task_fits(manifest: dict[str, Any]) -> list[str]:
-    """The task's output roles name outputs of the model (every required role, once resolved)."""
+    """The task's output roles name outputs of the model (every required role, once resolved), and its parameters
+    fit those outputs' declared shapes (:func:`edgesdk.tasks.fit.shape_problems`)."""
+    from ..tasks.fit import shape_problems
     from ..tasks.spec import TaskSpec
 
     if not manifest.get("task"):
@@ -400,7 +460,7 @@ def _task_fits(manifest: dict[str, Any]) -> list[str]:
         spec = TaskSpec.from_dict(manifest["task"]).resolved(names)
     except InputError as exc:
         return [f"task: {exc}"]
-    return _anchors_fit(spec, manifest)
+    return [f"task: {p}" for p in shape_problems(spec, manifest["outputs"])] + _anchors_fit(spec, manifest)
 
 
 def _anchors_fit(spec: Any, manifest: dict[str, Any]) -> list[str]:

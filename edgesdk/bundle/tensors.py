@@ -176,12 +176,14 @@ class BundleIO:
 
     def decode(self, outputs: list[np.ndarray], transform: Transform | None = None) -> Decoded:
         """``outputs`` decoded by the bundle's task (detections, masks, text, points, values...), coordinates in the
-        original image's pixels when ``transform`` says where they came from (:meth:`prepare`)."""
+        original image's pixels when ``transform`` says where they came from (:meth:`prepare`). Masks that would
+        need more memory than the budget leaves are refused (:class:`BudgetExceeded`) before they are made."""
         from ..tasks.decode import decode
 
         if transform is None and self._image_size is not None:
             transform = Transform.identity(*self._image_size)
-        return decode(self.task, outputs, self._output_names, labels=self._labels, transform=transform)
+        return decode(self.task, outputs, self._output_names, labels=self._labels, transform=transform,
+                      memory_room_mb=self._memory_room_mb)
 
     def top(self, outputs: list[np.ndarray]) -> list[Top]:
         """The top-k classes of a classification output; empty for outputs that are not class scores (no output,

@@ -2,6 +2,11 @@
 
 A device with a single engine installed works: nothing here imports an engine
 package until :func:`open_engine` asks for it.
+
+``base`` (the :class:`Engine` interface every backend implements), one module per engine (``litert``, ``openvino``,
+``onnxruntime``) and ``model_files`` (what a model file points at, read without its engine: ONNX external data). This
+package is below :mod:`edgesdk.bundle` and imports none of it: what a bundle and an engine both need (a file's
+SHA-256) is :mod:`edgesdk.file_digest`'s.
 """
 
 from __future__ import annotations

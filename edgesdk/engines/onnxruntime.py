@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..bundle.reader import sha256_file
 from ..choices import BackendReason, CacheState
-from ..bundle.external_data import external_data_locations, location_problem
 from ..errors import BackendUnavailable, BundleError
+from ..file_digest import sha256_file
+from .model_files import external_data_locations, location_problem
 from .base import Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
 CACHE_KIND = "optimized model"

@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from ..bundle.reader import sha256_file
 from ..choices import CacheState
 from ..errors import BackendUnavailable
+from ..file_digest import sha256_file
 from .base import KINDS, Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
 
 CACHE_KIND = "CACHE_DIR"
@@ -104,7 +104,7 @@ class OpenVINOEngine(Engine):
 
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
-        from ..bundle.external_data import is_openvino_ir
+        from .model_files import is_openvino_ir
 
         if not is_openvino_ir(self.model_path):
             # OpenVINO picks its reader by content: an ONNX file named .xml would load (with any external data).

@@ -18,7 +18,7 @@ new camera or more noise moves the hardness signal, and the same threshold then 
   ``tests/device/hybrid/test_escalation_budget.py``), every 1,000-input window after 500 of adaptation stays within
   0.1 +- 0.02 where the fixed threshold escalates about half of the noisy inputs.
 - **Token bucket** (``max_per_minute``, ``burst``): an escalation takes a token; tokens come back at
-  ``max_per_minute`` a minute up to ``burst`` (default: ``max_per_minute``). None: no bucket.
+  ``max_per_minute`` a minute up to ``burst`` (default: ``max_per_minute`` rounded up, at least 1). None: no bucket.
 - **Hard cap** (``max_rate``): at most ``max_rate * rate_window`` escalations among the last ``rate_window`` inputs,
   whatever the rest says.
 
@@ -63,7 +63,9 @@ class EscalationBudget:
         self._direction = -1.0 if high_is_hard else 1.0
         self._z = logit(start if start is not None else 0.5)
         self._clock = clock
-        self._burst = float(policy.burst if policy.burst is not None else (policy.max_per_minute or 0))
+        # a bucket holds at least one token: below one a minute, it would never admit anything
+        self._burst = float(policy.burst if policy.burst is not None else
+                            max(1, math.ceil(policy.max_per_minute or 0)))
         self._tokens = self._burst
         self._refilled = clock()
         self._recent: deque[bool] = deque(maxlen=policy.rate_window)  # escalated (after the budget), per input
@@ -113,7 +115,11 @@ class EscalationBudget:
 
     def _over_cap(self) -> bool:
         cap = self.policy.max_rate
-        return cap is not None and self._escalated_recent + 1 > cap * self.policy.rate_window + 1e-9
+        if cap is None:
+            return False
+        recent = self._recent
+        leaving = 1 if len(recent) == recent.maxlen and recent[0] else 0  # the input this one pushes out
+        return self._escalated_recent - leaving + 1 > cap * self.policy.rate_window + 1e-9
 
     def _take_token(self) -> bool:
         if self.policy.max_per_minute is None:

@@ -6,7 +6,9 @@ the device needs from a remote service it cannot control:
 - a deadline per call (``deadline_s``) and a timeout per attempt (``timeout_s``, never past the deadline), each a
   wall-clock bound on everything a request does: connect, TLS handshake, send, response headers and body;
 - answers checked before anything uses them: with ``expected_outputs`` (the bundle's manifest ``outputs``) an
-  answer whose output names, count, shapes, datatypes or values (NaN, Inf, null) differ is a ``bad_response``;
+  answer whose output names, count, shapes, datatypes or values (NaN, Inf, null) differ is a ``bad_response``; so
+  is one that the bundle's task cannot use (``answer_check``, :class:`~edgesdk.tasks.answers.AnswerCheck`: a
+  detector's boxes that are no number or lie past 16 input sizes);
   a response over ``max_response_bytes`` (derived from the expected outputs by default) is refused as
   ``response_too_large``, before its body is read when it says its length;
 - retries only where they can help (connection failures, timeouts, 429, 502, 503, 504; inference is idempotent),
@@ -78,7 +80,10 @@ class CloudClient(Closeable):
     environment variable, read per request) gives a bearer token. ``expected_outputs`` (the manifest's
     ``outputs``: ``[{name, shape, dtype}]``) is what every answer of :meth:`infer` must be (see the module
     docstring); ``max_response_bytes`` replaces the cap derived from it (raise it for a model whose answers are
-    bigger; it also caps metadata answers, at least ``METADATA_MAX_BYTES``). :meth:`infer` raises a
+    bigger; it also caps metadata answers, at least ``METADATA_MAX_BYTES``). ``answer_check`` (called with the
+    outputs in the expected order and their names, returning a list of problems; ``AnswerCheck.of(manifest)``)
+    refuses answers that match the outputs but that the bundle's task cannot use; ``edgesdk.load`` gives a client
+    that has none the bundle's. :meth:`infer` raises a
     :class:`~edgesdk.errors.CloudError` subclass on any failure; ``stats()`` counts calls, attempts, retries and
     failures by reason.
     """
@@ -90,6 +95,7 @@ class CloudClient(Closeable):
                  breaker: CircuitBreaker | None = None, allow_insecure_http: bool = False, cafile: str | None = None,
                  binary: bool | None = None, transport: Transport | None = None,
                  expected_outputs: Sequence[Mapping[str, Any]] | None = None, max_response_bytes: int | None = None,
+                 answer_check: Callable[[list[np.ndarray], list[str]], list[str]] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None):
         self.url = check_url(url, allow_insecure_http)
@@ -104,6 +110,9 @@ class CloudClient(Closeable):
             raise InputError(f"cloud client: max_response_bytes must be an integer >= 1, got {max_response_bytes!r}")
         self.expected_outputs = parse_expected_outputs(expected_outputs)
         self.max_response_bytes = max_response_bytes
+        if answer_check is not None and not callable(answer_check):
+            raise InputError(f"cloud client: answer_check must be callable, got {type(answer_check).__name__}")
+        self.answer_check = answer_check
         if token is not None and token_env is not None:
             raise InputError("cloud client: pass token or token_env, not both")
         if (token is not None or token_env is not None) and self.url.startswith("http://") and \
@@ -152,14 +161,25 @@ class CloudClient(Closeable):
     def check_inputs(self, inputs: Sequence[Mapping[str, Any]], deadline_s: float | None = None) -> dict:
         """Compare the model's metadata with the inputs the device will send (the bundle's manifest ``inputs``:
         ``name``, ``shape``, ``dtype``); raises :class:`CloudError` (reason ``model_mismatch``) naming every
-        difference. Returns the metadata."""
+        difference. Returns the metadata.
+
+        What the metadata does not say is unknown, not a mismatch: V2 servers differ in what they list (MLServer and
+        a KServe custom model list no inputs unless told; some list no datatype or no shape), and every answer is
+        checked against the bundle anyway. So no ``inputs`` (absent, null or empty) passes, an input without a
+        datatype or a shape passes on that point, and a datatype is compared whatever its case and with Triton's
+        ``TYPE_`` prefix allowed. What is listed and contradicts the bundle is a mismatch: inputs listed without
+        this one, another datatype, another rank or size (-1 is any size). Metadata that is not V2 (inputs not a
+        list, an input without a string name) is a ``bad_response``."""
         meta = self.model_metadata(deadline_s)
         listed = meta.get("inputs") if isinstance(meta, dict) else None
+        if listed is None or listed == []:
+            log.debug("model %r at %s lists no inputs: they are checked by its answers", self.model, self.url)
+            return meta
         if not isinstance(listed, list) or not all(isinstance(i, dict) and isinstance(i.get("name"), str)
                                                    for i in listed):
             raise CloudError(CloudReason.BAD_RESPONSE,
-                             f"model {self.model!r} at {self.url}: its metadata lists no inputs, or an input "
-                             "without a string name")
+                             f"model {self.model!r} at {self.url}: its metadata's inputs are not a list of inputs "
+                             "with string names")
         served = {i["name"]: i for i in listed}
         problems = []
         for spec in inputs:
@@ -169,10 +189,14 @@ class CloudClient(Closeable):
             if got is None:
                 problems.append(f"no input {name!r} (the server has {sorted(n for n in served if n)})")
                 continue
-            if got.get("datatype") != datatype:
-                problems.append(f"input {name!r} is {_safe_text(got.get('datatype'))} there, {datatype} here")
-            their = got.get("shape") if isinstance(got.get("shape"), list) else []
-            their = their if all(isinstance(t, int) and not isinstance(t, bool) for t in their) else ["?"]
+            theirs = got.get("datatype")
+            if theirs not in (None, "") and _datatype(theirs) != datatype:
+                problems.append(f"input {name!r} is {_safe_text(theirs)} there, {datatype} here")
+            their = got.get("shape")
+            if their is None:
+                continue
+            their = their if isinstance(their, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in their) else ["?"]
             if len(their) != len(shape) or any(t not in (-1, s) for t, s in zip(their, shape)):
                 problems.append(f"input {name!r} has shape {their} there, {shape} here")
         if problems:  # the server's names and types are its text: cleaned like its error messages
@@ -182,10 +206,11 @@ class CloudClient(Closeable):
 
     def infer(self, arrays: Sequence[np.ndarray], names: Sequence[str], *, deadline_s: float | None = None,
               request_id: str | None = None,
-              expected_outputs: Sequence[Mapping[str, Any]] | None = None) -> list[np.ndarray]:
+              expected_outputs: Sequence[Mapping[str, Any]] | None = None,
+              answer_check: Callable[[list[np.ndarray], list[str]], list[str]] | None = None) -> list[np.ndarray]:
         """One inference within ``deadline_s`` (default ``self.deadline_s``) all told: the outputs in the order
         the server lists them, or checked against ``expected_outputs`` (default ``self.expected_outputs``) and
-        in its order. Raises a :class:`CloudError`."""
+        in its order, then by ``answer_check`` (default ``self.answer_check``). Raises a :class:`CloudError`."""
         if len(arrays) != len(names):
             raise InputError(f"cloud infer: {len(arrays)} arrays for {len(names)} input names")
         expected = self.expected_outputs if expected_outputs is None else parse_expected_outputs(expected_outputs)
@@ -195,8 +220,18 @@ class CloudClient(Closeable):
         rid = request_id or uuid.uuid4().hex
         binary = self._binary if self._binary is not None else self._server_has_binary(end - self.clock())
         body, headers = _encode(arrays, names, rid, binary)
+        check = (answer_check or self.answer_check) if expected is not None else None
+
+        def read(resp: Response) -> list[np.ndarray]:
+            outputs = _decode(resp, rid, expected, batch)
+            problems = check(outputs, [spec.name for spec in expected]) if check is not None else None
+            if problems:
+                raise CloudError(CloudReason.BAD_RESPONSE, f"the infer response is unusable: {'; '.join(problems)}",
+                                 resp.status)
+            return outputs
+
         return self._call("POST", self._model_url + "/infer", body, headers, deadline_s=end - self.clock(),
-                          max_bytes=cap, read=lambda resp: _decode(resp, rid, expected, batch))
+                          max_bytes=cap, read=read)
 
     def stats(self) -> dict:
         with self._lock:
@@ -392,6 +427,16 @@ class CloudClient(Closeable):
         with self._lock:
             self._stats["failures"][exc.reason] = self._stats["failures"].get(exc.reason, 0) + 1
         return exc
+
+
+def _datatype(value: Any) -> Any:
+    """A datatype as the server's metadata spells it, made comparable: upper case, without the ``TYPE_`` prefix of
+    Triton's model configuration (``fp32``, ``FP32`` and ``TYPE_FP32`` are one type); anything but a string as it
+    is (it then matches nothing)."""
+    if not isinstance(value, str):
+        return value
+    value = value.strip().upper()
+    return value[len("TYPE_"):] if value.startswith("TYPE_") else value
 
 
 def _safe_text(value: Any) -> str:

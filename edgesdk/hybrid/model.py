@@ -36,7 +36,8 @@ import numpy as np
 from ..choices import BackendReason, CloudReason, EscalationReason, EscalationSkip, HybridMode
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError, CloudError, CloudTimeout, InputError
 from ..lifecycle import Closeable
-from ..runtime.result import Result
+from ..result import Result
+from ..tasks.answers import AnswerCheck
 from ..tasks.hardness import SIGNALS as TASK_SIGNALS, signals as task_signals
 from .budget import EscalationBudget, warm_start
 from .v2_codec import expected_outputs
@@ -104,7 +105,7 @@ class EscalationPolicy:
     The budget (:mod:`edgesdk.hybrid.budget`; off unless one of these is set): ``target_rate`` holds the share of
     escalated inputs at that value under drift, the threshold tracking the signal's quantile (``step``: the
     estimator's gain, in logit units; the start: the bundle's calibrated curve at that rate, else ``threshold``);
-    ``max_per_minute`` and ``burst``: a token bucket (``burst`` default: ``max_per_minute``); ``max_rate``: at most
+    ``max_per_minute`` and ``burst``: a token bucket (``burst`` default: ``max_per_minute`` rounded up, at least 1); ``max_rate``: at most
     that share of the last ``rate_window`` inputs escalate. An input over the budget gets the device's answer with
     ``escalation_skipped="budget"``.
     """
@@ -238,6 +239,7 @@ class HybridModel(Closeable):
         except InputError as exc:
             raise BundleError(f"bundle {bundle.name!r}: its outputs cannot be checked in a cloud answer: {exc}") \
                 from None
+        self._answer_check = AnswerCheck.of(bundle.manifest)  # what the task refuses in a cloud answer (boxes)
         self._ranges = (bundle.manifest.get("calibration") or {}).get("input_ranges")
         self._check_model = options.check_model
         self._model_checked: tuple[CloudError, float] | bool = False
@@ -369,7 +371,8 @@ class HybridModel(Closeable):
         if remaining <= 0:
             raise CloudTimeout(CloudReason.TIMEOUT, f"checking the cloud model of {self.bundle.name!r} used up the "
                                                     f"deadline ({self.cloud.deadline_s:g} s)")
-        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining, expected_outputs=self._expected)
+        outputs = self.cloud.infer(feeds, self._names, deadline_s=remaining, expected_outputs=self._expected,
+                                   answer_check=self._answer_check)
         t2 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, "cloud": (t2 - t1) * 1e3}
         return Result(outputs, self.placement, timings, source="cloud", escalation_reason=reason,

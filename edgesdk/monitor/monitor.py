@@ -220,24 +220,27 @@ class Monitor:
 
     # -- what the model reports -------------------------------------------------
     def observe(self, feeds: Sequence[np.ndarray], outputs: Sequence[np.ndarray], preprocess_ms: float,
-                inference_ms: float, result: Any = None, placement: str | None = None) -> None:
+                inference_ms: float, result: Any = None, placement: str | None = None, owned: bool = False) -> None:
         """One prediction that answered: its prepared inputs, outputs, stage times, the :class:`Result` (whose
         ``decoded`` the tasks other than classification are summarized from: decoded once, shared with the app)
-        and the artifact that answered it. Never raises.
+        and the artifact that answered it; ``owned``: the feeds were made for this prediction (the bundle's
+        preprocess made them from an image) and nothing writes to them again (:meth:`InputSummary.hold`). Never
+        raises.
 
-        It takes no lock (the lock costs as much as the rest): two predictions that run at the same moment on one
-        model may write the same row, and one of them is then left out of the window, nothing worse. The
-        evaluations and the level changes are serialized. The inputs' read values wait in a small buffer (``pending``
-        predictions, at most 1 MiB per input) and are summarized together (:meth:`InputSummary.hold`)."""
+        It takes the monitor's lock only to evaluate: two predictions that run at the same moment on one model may
+        take the same row number, and one of them is then left out of the window, nothing worse. The inputs' read
+        values wait in a small buffer (``pending`` predictions, at most 1 MiB per input) and are summarized together
+        (:meth:`InputSummary.hold`), under that buffer's own lock, so no thread's copy is overwritten or zeroed by
+        another's. The evaluations and the level changes are serialized."""
         record, scores, at, pre, inf, window = self._hot  # one attribute read: this runs on every prediction
         seen = self._seen
         i = seen % window
         try:
             if record is not None:
-                record(feeds[0], i)
+                record(feeds[0], i, owned)
             else:
                 for summary, x in zip(self.inputs, feeds):
-                    summary.hold(x, i)
+                    summary.hold(x, i, owned)
             if scores is not None:
                 scores[i] = outputs[at]  # the engine's fresh array, summarized in bulk at the next evaluation
             else:

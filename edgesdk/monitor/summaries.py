@@ -36,6 +36,7 @@ histogram.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -52,6 +53,7 @@ MAX_RAW_OUTPUTS = 4  # outputs summarized for the landmarks and raw tasks
 DYNAMIC_SIDE = 64  # how a dynamic dimension is planned before a real tensor comes
 MAX_PLANS = 32  # tensor shapes whose plans are kept
 MAX_PENDING_BYTES = 1 << 20  # read values held for their summaries, per input (InputSummary.hold)
+MAX_REFERENCED_BYTES = 64 << 10  # an input the preprocess made, up to this size, is held by reference, not copied
 KEEP_SCORES = 1024  # a classifier's scores up to this many classes are kept as they are and summarized in bulk
 
 
@@ -92,6 +94,7 @@ class InputSummary:
         self._pending_rows = max(1, min(int(pending), window))
         self._held: np.ndarray | None = None  # the read values waiting for their rows (made at the first hold)
         self._slots: list[np.ndarray] = []  # its rows, as hold() writes them
+        self._lock = threading.Lock()  # the buffer's: a thread's slot is never another's, nor zeroed under it
         self._step = 1
         self._held_at: list[int] = []  # the ring row of each held one (-1: cleared)
 
@@ -104,18 +107,29 @@ class InputSummary:
         return stats + [f"{self.name}.cell[{i}]" for i in range(self.cells)] + \
             ([f"{self.name}.smooth"] if self._first.lag else [])
 
-    def hold(self, x: np.ndarray, i: int) -> None:
+    def hold(self, x: np.ndarray, i: int, owned: bool = False) -> None:
         """Keep one prediction's read values for row ``i``; its row is made with the others when the buffer is
-        full or :meth:`features` runs. A tensor of another shape than the manifest's is recorded at once."""
-        if x.shape == self._first_shape and self._slots:  # the path every prediction takes: one copy
-            held = self._held_at
-            j = len(held)
-            np.copyto(self._slots[j], x if self._step == 1 else x.reshape(-1)[::self._step], casting="unsafe")
-            held.append(i)
-            if j + 1 >= self._pending_rows:
-                self.summarize_held()
+        full or :meth:`features` runs. A tensor of another shape than the manifest's is recorded at once.
+
+        ``owned``: ``x`` was made for this prediction (by the bundle's preprocess) and nobody writes to it again, so a
+        small one (up to ``MAX_REFERENCED_BYTES``) is kept by reference until the summary copies it, instead of
+        being copied now: the copy right after an inference is most of what a prediction costs the monitor."""
+        if x.shape == self._first_shape and self._slots:  # the path every prediction takes: one copy, or none
+            with self._lock:  # predictions on other threads (edgesdk serve's) take their own slots
+                held = self._held_at
+                j = len(held)
+                if owned and x.nbytes <= MAX_REFERENCED_BYTES:
+                    self._refs[j] = x
+                else:
+                    # an item assignment casts as copyto(casting="unsafe") does, in half its time
+                    self._slots[j][...] = x if self._step == 1 else x.reshape(-1)[::self._step]
+                held.append(i)
+                if j + 1 >= self._pending_rows:
+                    self._summarize_held()
         elif x.shape == self._first_shape:
-            self._start_holding(x)
+            with self._lock:
+                if not self._slots:
+                    self._start_holding(x)
             self.hold(x, i)
         else:
             self.record(x, i)
@@ -128,15 +142,22 @@ class InputSummary:
         self._step = plan.step
         # one view per slot, shaped like the input when every value is read (no reshape per prediction)
         self._slots = [row.reshape(self._first_shape) if plan.step == 1 else row for row in self._held]
+        self._refs: list[np.ndarray | None] = [None] * rows  # the slots' inputs kept by reference (hold's owned)
 
     def summarize_held(self) -> None:
         """Make the rows of the held predictions (in bulk) and zero the buffer."""
+        with self._lock:
+            self._summarize_held()
+
+    def _summarize_held(self) -> None:
         at, self._held_at = self._held_at, []
         if not at:
             return
-        # two predictions held at the same moment on one model may have taken one slot: the extra entries go
-        m = min(len(at), len(self._held))
-        at = at[:m]
+        m = len(at)
+        for j, x in enumerate(self._refs[:m]):  # the inputs kept by reference are copied now, in one go
+            if x is not None:
+                self._slots[j][...] = x if self._step == 1 else x.reshape(-1)[::self._step]
+                self._refs[j] = None
         values = self._held[:m]
         try:
             rows, squares = self._rows_of(values, self._first)
@@ -182,7 +203,8 @@ class InputSummary:
 
     def clear(self, i: int) -> None:
         """Row ``i`` holds no prediction (NaN: left out of every feature)."""
-        self._held_at[:] = [-1 if at == i else at for at in self._held_at]
+        with self._lock:
+            self._held_at[:] = [-1 if at == i else at for at in self._held_at]
         self.ring[i] = np.nan
         if self.squares is not None:
             self.squares[i] = np.nan
@@ -355,8 +377,9 @@ class OutputSummary:
                     _num(signal.get("uncertain_share")), _num(signal.get("min_kept_score"))]
         if kind is TaskType.SEGMENTATION:
             masks = d.masks or []
-            total = masks[0].mask.size if masks else 0
-            covered = sum(int(np.count_nonzero(m.mask)) for m in masks)
+            # area and shape are counted when decoded: reading .mask would make a full-size array per class
+            total = math.prod(masks[0].shape) if masks else 0
+            covered = sum(int(m.area) for m in masks)
             return [covered / total if total else 0.0, _num(signal.get("uncertain_pixel_share"))]
         if kind is TaskType.TEXT:
             text = d.text.text if d.text is not None else ""

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import autotune, numerics, selection
+from . import autotune, numerics, selection, timing
+from .. import user_cache
 from ..bundle.reader import Bundle
 from ..choices import BackendReason, Policy
 from ..engines import Discovery, backend_names, discover
@@ -101,13 +102,13 @@ def autotuned(found: Shortlist, opts: RuntimeOptions, engine_options: dict[str, 
     # The choice depends on what was allowed: a decision timed under require=X is not reused without it.
     key = autotune.cache_key(found.bundle, {k: str(v) for k, v in vars(opts).items()
                                             if k not in ("budgets", "hybrid", "cache_dir")})
-    decision = autotune.lookup(key)
+    decision = user_cache.lookup(key, autotune.CACHE_FILE)
     if decision:  # try the cached winner first; it is still checked
         found.eligible.sort(key=lambda c: c.label() != decision.get("candidate"))
         return {**decision, "cached": True}
     decision = _time_each(found, opts.check_numerics, engine_options, opts.isolate)
     if decision["candidate"] is not None:  # a failure is not remembered: the next load measures again
-        autotune.store(key, decision)
+        user_cache.store(key, decision, autotune.CACHE_FILE)
     found.drop_skipped()  # recorded by the timing walk already
     found.eligible.sort(key=lambda c: c.label() != decision["candidate"])
     return decision
@@ -126,7 +127,8 @@ def _time_each(found: Shortlist, check_numerics: bool, engine_options: dict[str,
             found.skipped.append(Skip(cand, exc.reason, exc.detail))
             continue
         try:
-            timings[cand.label()] = autotune.median_ms(engine, feeds)
+            timings[cand.label()] = timing.run_times(lambda: engine.run(feeds), warmup=autotune.WARMUP,
+                                                     min_runs=autotune.RUNS, max_runs=autotune.RUNS).median_ms
         finally:
             engine.close()
     if not timings:

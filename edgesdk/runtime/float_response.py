@@ -5,9 +5,11 @@ the signal clears, it goes back to the artifact load chose.
 
 Bounded: the level's hysteresis bounds how often it is asked to switch (one switch per level change, never per
 inference); a switch reopens the engine as load does (:func:`~edgesdk.runtime.opening.open_checked`: numerics
-checked unless loaded with ``check_numerics=False``); a float artifact that fails to open or to check is not used, and
-not tried again for ``RETRY_AFTER_S``; one that failed its validation gate at quantize time is never a target. A model
-already on a float artifact, or whose bundle has none for its engine, stays where it is (logged once).
+checked unless loaded with ``check_numerics=False``); a switch that fails to open or to check (either way) keeps the
+engine in use and is not tried again for ``RETRY_AFTER_S``; an artifact that failed its validation gate at quantize
+time is never a target. A model already on a float artifact, or whose bundle has none for its engine, stays where it
+is (logged once). The float engine is opened before the INT8 one is closed, outside the memory budget's accounts
+(the model's ``cost_mb`` stays the INT8 artifact's).
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class FloatResponse:
                             "its gate (it runs %s); it stays where it is", self._bundle.name, self._home.engine,
                             self._home.artifact)
             return engine, placement
-        if wanted and self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_AFTER_S:
-            return engine, placement
+        if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_AFTER_S:
+            return engine, placement  # a switch (either way) failed a moment ago: not every inference tries again
         goal = self.target if wanted else Candidate(self._home.engine, self._home.device, self._home.kind,
                                                     self._home.artifact, self._home.precision)
         try:
@@ -65,7 +67,7 @@ class FloatResponse:
                         exc, placement.artifact)
             return engine, placement
         engine.close()
-        self.on_float = wanted
+        self.on_float, self._failed_at = wanted, None
         log.warning("monitor: float_artifact response: %s now serves %r (was %s)", goal.artifact, self._bundle.name,
                     placement.artifact)
         if not wanted:

@@ -62,6 +62,8 @@ def _load_hybrid(path: str | Path, opts: RuntimeOptions) -> HybridModel:
     if error is not None and opts.artifact is not None and not opts.allow_failed \
             and bundle.failed_gate(opts.artifact) is not None:
         raise error  # a failed artifact asked for by name is a misuse to fix, not something for the cloud to cover
+    # the bundle's task's check of a cloud answer (detection: boxes) is the model's, passed with each call: an app's
+    # own client is never changed
     cloud = CloudClient(hyb.cloud, bundle.name, token_env=hyb.token_env) if owns else hyb.cloud
     return HybridModel(bundle, device, error, hyb, cloud, owns_cloud=owns)
 

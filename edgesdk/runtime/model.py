@@ -1,6 +1,6 @@
 """The loaded :class:`Model`: one bundle on one engine, predicting under a lock and the budgets. How it was
 chosen and opened is :mod:`edgesdk.runtime.loading`'s; what a hot device changes while it serves is
-:mod:`edgesdk.budgets.thermal.serving`'s. Its placement and budget state are values (:mod:`edgesdk.frozen`), made once when
+:mod:`edgesdk.runtime.thermal_serving`'s. Its placement and budget state are values (:mod:`edgesdk.frozen`), made once when
 they change and shared by its results.
 """
 
@@ -26,8 +26,8 @@ from ..monitor.monitor import Monitor, MonitorOptions
 from ..tasks.geometry import Transform
 from .float_response import FloatResponse
 from .placement import Candidate, Placement
-from ..budgets.thermal.serving import ThermalServing
-from .result import Result
+from .thermal_serving import ThermalServing
+from ..result import Result
 from .stream import Stream
 
 
@@ -122,9 +122,7 @@ class Model(Closeable):
                 raise InputError(f"model {self.bundle.name!r} was closed")
             placement, budget = self.placement, self.budget
             if self._float is not None:
-                if monitor.wants_float is not self._float.on_float:
-                    self._engine, self._serving = self._float.follow(monitor.wants_float, self._engine, self._serving)
-                placement = self._serving
+                placement = self._follow_monitor(monitor)
             if self._thermal is not None:
                 # The governor may pace (sleep), cut threads, switch backend, or refuse (BudgetExceeded "thermal").
                 budget = self._thermal.admit()
@@ -143,10 +141,17 @@ class Model(Closeable):
         result = Result(outputs, placement, {"preprocess": pre, "inference": inf}, budget=budget, _topk=self._top,
                         _decoder=self._decode, _transform=transform)
         if monitor is not None:
-            monitor.observe(feeds, outputs, pre, inf, result, placement.artifact)
+            # feeds an image's preprocess made (a transform says so) are this prediction's own: held, not copied
+            monitor.observe(feeds, outputs, pre, inf, result, placement.artifact, transform is not None)
             if monitor.refusing:  # the model ran and the monitor saw it (so the alert can clear), but no answer
                 raise _refused(self.bundle.name, monitor)
         return result
+
+    def _follow_monitor(self, monitor: Monitor) -> Placement:
+        """Under the lock: the float_artifact response's engine and placement for this inference."""
+        if monitor.wants_float is not self._float.on_float:
+            self._engine, self._serving = self._float.follow(monitor.wants_float, self._engine, self._serving)
+        return self._serving
 
     def predict_batch(self, xs: Sequence[Any]) -> list[Result]:
         """Predict several inputs (each as :meth:`predict` takes it); results in the same order.
@@ -174,7 +179,7 @@ class Model(Closeable):
         with self._lock:
             if self._engine is None:
                 raise InputError(f"model {self.bundle.name!r} was closed")
-            placement = self._serving
+            placement = self._serving if self._float is None else self._follow_monitor(self.monitor)
             t1 = time.perf_counter()
             try:
                 outputs = self._engine.run_many(batch)

@@ -1,7 +1,7 @@
 """Opening one candidate and proving it: the isolated probe (``isolate=True``), the engine's load with the
 artifact's options, and the numerics self-check on the bundle's golden data. One function,
 :func:`open_checked`, used wherever an engine is opened to serve: the load walk, the speed race and autotune, and
-the thermal backend switch (:mod:`edgesdk.budgets.thermal.serving`).
+the thermal backend switch (:mod:`edgesdk.runtime.thermal_serving`).
 """
 
 from __future__ import annotations

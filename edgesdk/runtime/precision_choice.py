@@ -17,7 +17,7 @@ kernels are fastest differs from one CPU class to the next. Two checks, chosen b
   so a split measurement must not move a decision that is then cached.
 
 Decisions are cached per (bundle fingerprint, machine, engine versions, the candidates, threads, performance) in
-``precision.json`` beside autotune's decisions (:func:`edgesdk.runtime.autotune.cache_dir`), so later loads read them and
+``precision.json`` beside autotune's decisions (:func:`edgesdk.user_cache.cache_dir`), so later loads read them and
 time nothing. They show as ``placement.engine_choice`` (the race) and ``placement.precision_choice``.
 ``max-efficiency`` keeps INT8 first without timing (INT8 moves a quarter of the weight bytes, which saves energy even
 where it is not faster), ``autotune`` times every candidate itself, and an explicit ``artifact=`` is never
@@ -26,16 +26,16 @@ second-guessed.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Collection, Sequence
 
 import numpy as np
 
-from . import autotune, numerics
+from . import autotune, numerics, timing
 from ..bundle.reader import Bundle
 from ..choices import Performance, Policy, SpeedCheck
 from ..engines import Engine
 from .placement import Candidate, Placement, Skip
+from .. import user_cache
 
 POLICIES = (Policy.AUTO, Policy.CPU_ONLY, Policy.PREFER_NPU, Policy.PREFER_GPU)  # the speed policies
 MARGIN = 0.05  # INT8 must be more than 5% slower to lose: closer than that is within the noise of the timing
@@ -47,10 +47,9 @@ CACHE_FILE = "precision.json"
 
 
 def time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
-    """Seconds one inference takes. Module-level so a test can put a fake clock here (the engines stay real)."""
-    t0 = time.perf_counter()
-    engine.run(feeds)
-    return time.perf_counter() - t0
+    """Seconds one inference of the pair takes (:func:`edgesdk.runtime.timing.seconds`). Module-level so a test can put
+    a fake clock here (the engines stay real)."""
+    return timing.seconds(lambda: engine.run(feeds))
 
 
 def applies(speed_check: str, policy: str, artifact: str | None, performance: str, bundle: Bundle) -> bool:
@@ -86,7 +85,7 @@ def arrange(bundle: Bundle, eligible: list[Candidate], threads: int | None, perf
         fp32 = _fp32_of(int8, eligible, barred)
         if fp32 is None:
             continue
-        decision = autotune.lookup(_key(bundle, int8, fp32, threads, performance), CACHE_FILE)
+        decision = user_cache.lookup(_key(bundle, int8, fp32, threads, performance), CACHE_FILE)
         if not isinstance(decision, dict) or decision.get("chosen") not in ("int8", "fp32"):
             continue
         decision = {**decision, "cached": True}
@@ -154,7 +153,7 @@ def measure(bundle: Bundle, int8: Candidate | Placement, int8_engine: Engine, fp
                 "method": f"{len(ratios)} back-to-back int8/fp32 pairs on golden input 0 after {WARMUP_PAIRS} warm-up; "
                           f"ratio = median of the pairs' int8/fp32; fp32 when it is above {1 + MARGIN:g} and int8 "
                           f"was slower in at least 3 pairs of 4"}
-    autotune.store(_key(bundle, int8, fp32, threads, performance), decision, CACHE_FILE)
+    user_cache.store(_key(bundle, int8, fp32, threads, performance), decision, CACHE_FILE)
     return decision
 
 
@@ -177,11 +176,9 @@ RACE_TIME_CAP_S = 0.1  # per candidate and pass, once RACE_MIN_RUNS are timed
 
 
 def race_time_run(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
-    """Seconds one inference takes in the race (a seam of its own, so a test may fake one check's clock and not the
-    other's)."""
-    t0 = time.perf_counter()
-    engine.run(feeds)
-    return time.perf_counter() - t0
+    """Seconds one inference takes in the race (:func:`edgesdk.runtime.timing.seconds`; a seam of its own, so a test
+    may fake one check's clock and not the other's)."""
+    return timing.seconds(lambda: engine.run(feeds))
 
 
 def race_applies(speed_check: str, policy: str, engine: str | None, device: str | None, artifact: str | None,
@@ -211,7 +208,7 @@ def _race_key(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None
 
 def cached_race(bundle: Bundle, entrants: Sequence[Candidate], threads: int | None,
                 performance: str) -> dict[str, Any] | None:
-    decision = autotune.lookup(_race_key(bundle, entrants, threads, performance), CACHE_FILE)
+    decision = user_cache.lookup(_race_key(bundle, entrants, threads, performance), CACHE_FILE)
     if not isinstance(decision, dict) or decision.get("chosen") not in {c.label() for c in entrants}:
         return None
     return {**decision, "cached": True}
@@ -239,12 +236,9 @@ def race_feeds(bundle: Bundle) -> list[np.ndarray]:
 def time_alone(engine: Engine, feeds: Sequence[np.ndarray]) -> float:
     """Median seconds of one inference of ``engine`` on ``feeds``, after a warm-up (bounded: at most
     ``RACE_WARMUP + RACE_MAX_RUNS`` runs, ``RACE_MIN_RUNS`` once ``RACE_TIME_CAP_S`` is spent)."""
-    for _ in range(RACE_WARMUP):
-        engine.run(feeds)
-    times: list[float] = []
-    while len(times) < RACE_MAX_RUNS and (len(times) < RACE_MIN_RUNS or sum(times) < RACE_TIME_CAP_S):
-        times.append(race_time_run(engine, feeds))
-    return float(np.median(times))
+    return timing.run_times(lambda: engine.run(feeds), warmup=RACE_WARMUP, min_runs=RACE_MIN_RUNS,
+                            max_runs=RACE_MAX_RUNS, min_s=RACE_TIME_CAP_S,
+                            timed=lambda: race_time_run(engine, feeds)).median_s
 
 
 def leader(first: dict[Candidate, float]) -> Candidate:
@@ -270,7 +264,7 @@ def decide_race(bundle: Bundle, entrants: Sequence[Candidate], first: dict[Candi
                           f"after {RACE_WARMUP} warm-up), then the fastest and the profile's first once more; the "
                           f"fastest displaces the profile's first ({incumbent.label()}) when it is more than "
                           f"{ENGINE_MARGIN:.0%} faster both times"}
-    autotune.store(_race_key(bundle, entrants, threads, performance), decision, CACHE_FILE)
+    user_cache.store(_race_key(bundle, entrants, threads, performance), decision, CACHE_FILE)
     return decision
 
 

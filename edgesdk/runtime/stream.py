@@ -18,7 +18,7 @@ import numpy as np
 
 from ..choices import BackendReason
 from ..errors import BackendUnavailable, InputError
-from .result import Result
+from ..result import Result
 
 if TYPE_CHECKING:  # the model imports this module
     from .model import Model

@@ -17,6 +17,8 @@ pixels through ``transform`` (the bundle's preprocess), in model-input pixels wi
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..choices import TaskType
@@ -31,12 +33,14 @@ from .text import decode_text
 
 
 def decode(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str], *, labels: list[str] | None = None,
-           transform: Transform | None = None) -> Decoded:
+           transform: Transform | None = None, memory_room_mb: Callable[[], float] | None = None) -> Decoded:
     """One prediction decoded by ``spec`` (resolved: every required role names one of ``output_names``).
     ``outputs`` are in the order of ``output_names``. ``labels`` name classes (detection, segmentation);
     ``transform`` maps model-input pixels to the original image, and gives the input size that anchors and
-    normalized coordinates need (``Transform.identity(h, w)`` for an input that is not an image). A role whose
-    output does not fit is an :class:`InputError` naming the role, the output and its shape."""
+    normalized coordinates need (``Transform.identity(h, w)`` for an input that is not an image).
+    ``memory_room_mb()`` says what the memory budget leaves now, in MB (None: no budget): masks that need more are
+    refused (:class:`~edgesdk.errors.BudgetExceeded`). A role whose output does not fit is an :class:`InputError`
+    naming the role, the output and its shape."""
     if len(outputs) != len(output_names):
         raise InputError(f"decode got {len(outputs)} output(s) for {len(output_names)} name(s) "
                          f"({', '.join(output_names)})")
@@ -44,7 +48,8 @@ def decode(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str], *
     if kind is TaskType.DETECTION:
         return decode_detection(spec, outputs, output_names, labels=labels, transform=transform)
     if kind is TaskType.SEGMENTATION:
-        return decode_segmentation(spec, outputs, output_names, labels=labels, transform=transform)
+        return decode_segmentation(spec, outputs, output_names, labels=labels, transform=transform,
+                                   memory_room_mb=memory_room_mb)
     if kind is TaskType.TEXT:
         return decode_text(spec, outputs, output_names)
     if kind is TaskType.LANDMARKS:

@@ -17,10 +17,17 @@ image, in three formats (the task's ``format``):
   optional (class indices; without it, the best score column's index).
 
 Each box keeps its best class (one candidate per row or anchor). Then: score >= ``score_threshold``, boxes with no
-area dropped, non-maximum suppression per class (a box overlapping a higher-scored one of its class by IoU >
-``iou_threshold`` goes), at most ``max_detections``, best first. Boxes and keypoints are mapped to the original
-image by the transform. :func:`candidates` gives every candidate before the threshold (hybrid hardness reads
-their scores).
+area (in the model's pixels, or once mapped to the original image: a box wholly outside it) dropped, non-maximum
+suppression per class (a box overlapping a higher-scored one of its class by IoU > ``iou_threshold`` goes), at most
+``max_detections``, best first. Boxes and keypoints are mapped to the original image by the transform.
+:func:`candidates` gives every candidate before the threshold (hybrid hardness reads their scores).
+
+Box arithmetic is done in float64 with overflow silenced, and a candidate whose box (or keypoints, or class) is not a
+number, or lies farther than :data:`SANE_EXTENT` input sizes from the input, is *unreadable*: outputs that are
+finite but too large for decoding (a float model fed 3e38) must not read as "nothing there, surely". Those at or over
+the score threshold are counted in ``Decoded.unreadable``, which makes the answer maximally uncertain (hardness
+``uncertain_share`` 1: hybrid mode escalates it); :func:`unreadable_share` says the same of a cloud's answer, which the
+client then refuses (``bad_response``) before anything uses it.
 """
 
 from __future__ import annotations
@@ -38,16 +45,23 @@ from .results import Decoded, Detection
 from .spec import TaskSpec
 
 
+SANE_EXTENT = 16  # input sizes: a box coordinate farther from the input than this is no answer
+MAX_CLASS_INDEX = 2 ** 31 - 1  # a classes output's values are class indices
+
+
 @dataclass(frozen=True)
 class Candidates:
     """Every box a detector proposes, before the score threshold and NMS, in model-input pixels: ``boxes`` [N, 4]
-    (x1, y1, x2, y2), ``scores`` [N] (the best class's score), ``classes`` [N] (its index) and ``keypoints``
-    [N, K, 2] (x, y) or None."""
+    (x1, y1, x2, y2, float64), ``scores`` [N] (the best class's score), ``classes`` [N] (its index; -1 where a
+    classes output gave no index) and ``keypoints`` [N, K, 2] (x, y) or None. ``readable`` [N]: the box, keypoints and
+    class are numbers and the box lies within :data:`SANE_EXTENT` input sizes of the input (all True when the input
+    size is not known: finite is all that can be told)."""
 
     boxes: np.ndarray
     scores: np.ndarray
     classes: np.ndarray
     keypoints: np.ndarray | None = None
+    readable: np.ndarray | None = None
 
 
 def anchor_count(strides: tuple[int, ...], per_layer: int, input_size: tuple[int, int]) -> int:
@@ -148,7 +162,9 @@ def _scores(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str]
     if given is not None:
         if given.shape[0] != boxes.shape[0]:
             raise shape_error("classes", output_name(spec, "classes"), (1, *given.shape), f"[1, {boxes.shape[0]}]")
-        classes = np.rint(given).astype(np.int64)
+        index = np.rint(given.astype(np.float64))
+        usable = np.isfinite(index) & (index >= 0) & (index <= MAX_CLASS_INDEX)  # else -1: an unreadable candidate
+        classes = np.where(usable, index, -1.0).astype(np.int64)
     return scores, classes, boxes
 
 
@@ -158,40 +174,60 @@ def candidates(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str
     gives the input size, which anchors and normalized boxes need (an :class:`InputError` without it)."""
     scores, classes, values = _scores(spec, outputs, output_names)
     keypoints = None
-    if spec.format == "anchors":
-        height, width = _input_size(transform, "format 'anchors'")
-        count = anchor_count(spec.anchors["strides"], spec.anchors["per_layer"], (height, width))
-        if count != values.shape[0]:  # counted first: a hostile table must not make millions of anchors
-            raise InputError(f"task anchors {{strides: {list(spec.anchors['strides'])}, per_layer: "
-                             f"{spec.anchors['per_layer']}}} give {count} anchors for a {height}x{width} "
-                             f"input, but output {output_name(spec, 'boxes')!r} (role 'boxes') has "
-                             f"{values.shape[0]} rows")
-        anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
-                              (height, width))
-        sx, sy, sw, sh = spec.box_scale or (width, height, width, height)
-        # pairs (x, y) for xywh; (y, x) for yxhw: the same swap for the box centre, its size and the keypoints
-        pairs = values[:, :4 + 2 * spec.keypoints].reshape(values.shape[0], -1, 2)
-        if spec.box_order == "yxhw":
-            pairs = pairs[:, :, ::-1]
-        size = pairs[:, 1] / (sw, sh)
-        points = np.delete(pairs, 1, axis=1) / (sx, sy) + anchors[:, None, :]  # centre, then keypoints
-        centre = points[:, 0] * (width, height)
-        half = size * (width, height) / 2
-        boxes = np.concatenate([centre - half, centre + half], axis=1)
-        if spec.keypoints:
-            keypoints = points[:, 1:] * (width, height)
-    elif spec.format == "yolo":
-        centre, half = values[:, 0:2], values[:, 2:4] / 2
-        boxes = np.concatenate([centre - half, centre + half], axis=1)
-    else:
-        boxes = values[:, [1, 0, 3, 2]] if spec.box_format == "yxyx" else values.copy()
-        if spec.box_format == "xywh":
-            boxes = np.concatenate([boxes[:, 0:2] - boxes[:, 2:4] / 2, boxes[:, 0:2] + boxes[:, 2:4] / 2], axis=1)
-    if spec.normalized and spec.format != "anchors":  # yolo rows or boxes in [0, 1] of the input
-        height, width = _input_size(transform, "normalized boxes")
-        boxes = boxes * np.array((width, height, width, height), dtype=boxes.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # finite outputs past what decoding can hold: unreadable
+        if spec.format == "anchors":
+            height, width = _input_size(transform, "format 'anchors'")
+            count = anchor_count(spec.anchors["strides"], spec.anchors["per_layer"], (height, width))
+            if count != values.shape[0]:  # counted first: a hostile table must not make millions of anchors
+                raise InputError(f"task anchors {{strides: {list(spec.anchors['strides'])}, per_layer: "
+                                 f"{spec.anchors['per_layer']}}} give {count} anchors for a {height}x{width} "
+                                 f"input, but output {output_name(spec, 'boxes')!r} (role 'boxes') has "
+                                 f"{values.shape[0]} rows")
+            anchors = ssd_anchors(spec.anchors["strides"], spec.anchors["per_layer"], spec.anchors["offset"],
+                                  (height, width))
+            sx, sy, sw, sh = spec.box_scale or (width, height, width, height)
+            # pairs (x, y) for xywh; (y, x) for yxhw: the same swap for the box centre, its size and the keypoints
+            pairs = values[:, :4 + 2 * spec.keypoints].astype(np.float64).reshape(values.shape[0], -1, 2)
+            if spec.box_order == "yxhw":
+                pairs = pairs[:, :, ::-1]
+            size = pairs[:, 1] / (sw, sh)
+            points = np.delete(pairs, 1, axis=1) / (sx, sy) + anchors[:, None, :]  # centre, then keypoints
+            centre = points[:, 0] * (width, height)
+            half = size * (width, height) / 2
+            boxes = np.concatenate([centre - half, centre + half], axis=1)
+            if spec.keypoints:
+                keypoints = points[:, 1:] * (width, height)
+        elif spec.format == "yolo":
+            coords = values[:, 0:4].astype(np.float64)
+            centre, half = coords[:, 0:2], coords[:, 2:4] / 2
+            boxes = np.concatenate([centre - half, centre + half], axis=1)
+        else:
+            boxes = values[:, [1, 0, 3, 2]] if spec.box_format == "yxyx" else values
+            boxes = boxes.astype(np.float64)  # a copy
+            if spec.box_format == "xywh":
+                boxes = np.concatenate([boxes[:, 0:2] - boxes[:, 2:4] / 2, boxes[:, 0:2] + boxes[:, 2:4] / 2],
+                                       axis=1)
+        if spec.normalized and spec.format != "anchors":  # yolo rows or boxes in [0, 1] of the input
+            height, width = _input_size(transform, "normalized boxes")
+            boxes = boxes * np.array((width, height, width, height), dtype=np.float64)
+        readable = np.isfinite(boxes).all(axis=1) & (classes >= 0)
+        if transform is not None:
+            reach = SANE_EXTENT * max(transform.input_size)
+            readable &= (np.abs(boxes) <= reach).all(axis=1)
+        if keypoints is not None:
+            readable &= np.isfinite(keypoints).all(axis=(1, 2))
     # a score is a probability: INT8 rounding of an output shared with pixel coordinates can push it past 1
-    return Candidates(boxes, np.clip(scores, 0.0, 1.0), classes, keypoints)
+    return Candidates(boxes, np.clip(scores, 0.0, 1.0), classes, keypoints, readable)
+
+
+def unreadable_share(spec: TaskSpec, outputs: list[np.ndarray], output_names: list[str], *,
+                     transform: Transform | None = None) -> tuple[int, int]:
+    """(unreadable, candidates) at or over the score threshold: how many candidates that would be detections have a
+    box that is no number or lies past :data:`SANE_EXTENT` input sizes, of how many. What the cloud client refuses an
+    answer for (anything > 0), with :func:`decode_detection`'s own rule."""
+    found = candidates(spec, outputs, output_names, transform=transform)
+    passing = found.scores >= spec.score_threshold
+    return int(np.count_nonzero(passing & ~found.readable)), int(np.count_nonzero(passing))
 
 
 def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou_threshold: float,
@@ -225,24 +261,28 @@ def decode_detection(spec: TaskSpec, outputs: list[np.ndarray], output_names: li
     ``transform`` is None)."""
     found = candidates(spec, outputs, output_names, transform=transform)
     boxes = found.boxes
-    ok = (found.scores >= spec.score_threshold) & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]) \
-        & np.all(np.isfinite(boxes), axis=1)
-    index = np.flatnonzero(ok)
-    index = index[nms(boxes[index], found.scores[index], found.classes[index], spec.iou_threshold,
-                      spec.max_detections)]
-    kept = boxes[index]
+    passing = found.scores >= spec.score_threshold
+    unreadable = int(np.count_nonzero(passing & ~found.readable))
+    index = np.flatnonzero(passing & found.readable)
+    boxes, mapped = boxes[index], boxes[index]
+    if transform is not None:  # a box wholly outside the image would become a zero-area box on its edge
+        mapped = transform.boxes_to_original(boxes)
+    area = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1]) & (mapped[:, 2] > mapped[:, 0]) \
+        & (mapped[:, 3] > mapped[:, 1])
+    index, boxes, mapped = index[area], boxes[area], mapped[area]
+    keep = nms(boxes, found.scores[index], found.classes[index], spec.iou_threshold, spec.max_detections)
+    index, kept = index[keep], mapped[keep]
     points = found.keypoints[index] if found.keypoints is not None else None
-    if transform is not None:
-        kept = transform.boxes_to_original(kept)
-        if points is not None:
-            points = transform.points_to_original(points)
+    if transform is not None and points is not None:
+        points = transform.points_to_original(points)
     detections = []
     for row, i in enumerate(index):
         class_index = int(found.classes[i])
         keypoints = None if points is None else tuple((float(x), float(y)) for x, y in points[row])
         detections.append(Detection(tuple(float(v) for v in kept[row]), float(found.scores[i]), class_index,
                                     label_of(labels, class_index), keypoints))
-    return Decoded(spec.type.value, detections=detections, model_scores=found.scores)
+    return Decoded(spec.type.value, detections=detections, model_scores=found.scores, unreadable=unreadable)
 
 
-__all__ = ["Candidates", "ssd_anchors", "candidate_scores", "candidates", "nms", "decode_detection"]
+__all__ = ["Candidates", "SANE_EXTENT", "ssd_anchors", "candidate_scores", "candidates", "unreadable_share", "nms",
+           "decode_detection"]

@@ -6,8 +6,9 @@ escalates the hard inputs of tasks other than classification (whose signals stay
 prediction gives nothing to measure):
 
 - detection: ``uncertain_share``: of the candidates scoring at least ``uncertain[0]``, the share below
-  ``uncertain[1]`` (0 when none reaches ``uncertain[0]``: nothing there, surely); ``min_kept_score``: the lowest
-  score among the kept detections (None without detections).
+  ``uncertain[1]`` (0 when none reaches ``uncertain[0]``: nothing there, surely; 1 when any candidate over the score
+  threshold was unreadable, ``Decoded.unreadable``); ``min_kept_score``: the lowest score among the kept detections
+  (None without detections).
 - segmentation: ``uncertain_pixel_share``: the share of the model map's pixels that are unsure. Kind probability:
   probability in [``uncertain[0]``, ``uncertain[1]``). Kind classes: top-1 probability below ``uncertain[1]`` (for
   two classes, the same band as probability; the map is read after the task's activation, so a class map with
@@ -65,8 +66,10 @@ def signals(spec: TaskSpec, decoded: Decoded, outputs: list[np.ndarray],
         scores = _read(decoded, lambda: candidate_scores(spec, outputs, output_names))
         reaching = scores[scores >= low]
         kept = [d.score for d in decoded.detections or []]
-        return {"uncertain_share": float(np.mean(reaching < high)) if reaching.size else 0.0,
-                "min_kept_score": float(min(kept)) if kept else None}
+        share = float(np.mean(reaching < high)) if reaching.size else 0.0
+        if decoded.unreadable:  # boxes the decoding could not read: nothing about this answer is sure
+            share = 1.0
+        return {"uncertain_share": share, "min_kept_score": float(min(kept)) if kept else None}
     if kind is TaskType.SEGMENTATION:
         low, high = spec.uncertain
         probs = _read(decoded, lambda: probabilities(spec, outputs, output_names))

@@ -42,10 +42,11 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from ..runtime.autotune import cache_dir
-from ..bundle.reader import MANIFEST, Bundle, sha256_file
+from ..bundle.reader import MANIFEST, Bundle
 from ..bundle.schema import MANIFEST_BYTES_VAR, MAX_MANIFEST_BYTES, env_limit
 from ..errors import BundleError
+from ..file_digest import sha256_file
+from ..user_cache import cache_dir
 from . import cache as store
 
 SUFFIX = ".edgebundle"

@@ -16,7 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ..bundle.reader import MANIFEST, Bundle, sha256_file
+from ..bundle.reader import MANIFEST, Bundle
+from ..file_digest import sha256_file
 from ..errors import BundleError
 
 _CHUNK = 1 << 20

@@ -20,7 +20,7 @@ import yaml
 
 from cloud_server import CloudServer, cloud_venv
 from edgesdk import Bundle
-from edgesdk.bundle.reader import sha256_file
+from edgesdk.file_digest import sha256_file
 from edgesdk.errors import BundleError, ConversionError, FailedArtifactWarning
 from edgesdk_cloud.export import MARKER, export_kserve, export_triton
 from support import fail_validation

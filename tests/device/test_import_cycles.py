@@ -2,10 +2,14 @@
 
 Every ``import`` counts, also those inside functions (a lazy import still ties two modules together); only imports
 under ``if TYPE_CHECKING:`` do not (they never run). An import names the most specific module it reaches:
-``from .runtime.result import Result`` is an edge to ``edgesdk.runtime.result``, ``from . import numerics`` one to
-``edgesdk.runtime.numerics``, ``from .engines import open_engine`` one to the package ``edgesdk.engines`` (its
+``from .runtime.placement import Placement`` is an edge to ``edgesdk.runtime.placement``, ``from . import numerics``
+one to ``edgesdk.runtime.numerics``, ``from .engines import open_engine`` one to the package ``edgesdk.engines`` (its
 ``__init__``). A package is not counted as importing its parent (Python runs the parent's ``__init__`` first, but
 that one is already running or done, so no cycle can arise from it).
+
+Nor among its sub-packages: with each module counted as ``edgesdk.<first component>`` (``edgesdk.runtime``,
+``edgesdk.bundle``; a top-level module such as ``edgesdk.errors`` is a node of its own), the graph has no cycle, so
+each sub-package sits above or below each other one (STYLE.md: the shared part of two is a module below both).
 """
 
 from __future__ import annotations
@@ -69,7 +73,12 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per strongly connected component with more than one module (Tarjan), as a path."""
+    """One cycle per strongly connected component with more than one module, as a path."""
+    return [_path_through(sorted(c), graph) for c in _components(graph)]
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan): the groups that import each other."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -100,7 +109,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    return [_path_through(sorted(c), graph) for c in components]
+    return components
 
 
 def _path_through(component: list[str], graph: dict[str, set[str]]) -> list[str]:
@@ -136,3 +145,49 @@ def test_the_cycle_finder_finds_a_cycle_and_reads_relative_imports(tmp_path):
     graph = import_graph()
     assert "edgesdk.errors" in graph["edgesdk.bundle.reader"]  # from .errors import ...
     assert "edgesdk.runtime.numerics" in graph["edgesdk.runtime.precision_choice"]  # from . import autotune, numerics
+
+
+def subpackage(module: str) -> str:
+    """The node ``module`` counts under in the sub-package graph: ``edgesdk.<first component>`` (a sub-package, or a
+    top-level module such as ``edgesdk.errors``); ``edgesdk`` itself for the package's ``__init__``."""
+    return ".".join(module.split(".")[:2])
+
+
+def subpackage_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """{(sub-package, sub-package it imports): the module-level imports that make that edge}. A package importing
+    its parent (``edgesdk.runtime`` -> ``edgesdk``) is not counted, as in the module graph."""
+    edges: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for source, targets in graph.items():
+        for target in targets:
+            a, b = subpackage(source), subpackage(target)
+            if a != b and not a.startswith(b + "."):
+                edges.setdefault((a, b), set()).add((source, target))
+    return edges
+
+
+def test_no_cycle_between_subpackages():
+    edges = subpackage_edges(import_graph())
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    groups = [sorted(c) for c in _components(graph)]
+    lines = []
+    for members in groups:  # sub-packages that import each other: a cycle through them, then every import inside
+        lines.append(" -> ".join(_path_through(members, graph)))
+        for (a, b), made_by in sorted(edges.items()):
+            if a in members and b in members:
+                lines.append(f"  {a} -> {b}:")
+                lines += [f"    {s} imports {t}" for s, t in sorted(made_by)]
+    assert not groups, "import cycles between edgesdk sub-packages (the shared part belongs in a module below " \
+                       "both):\n" + "\n".join(lines)
+
+
+def test_the_subpackage_graph_collapses_modules_and_skips_parents():
+    graph = {"edgesdk": {"edgesdk.runtime.loading"}, "edgesdk.runtime.loading": {"edgesdk.budgets.memory", "edgesdk"},
+             "edgesdk.budgets.memory": {"edgesdk.errors", "edgesdk.budgets"}, "edgesdk.budgets": set(),
+             "edgesdk.errors": set()}
+    assert subpackage_edges(graph) == {
+        ("edgesdk", "edgesdk.runtime"): {("edgesdk", "edgesdk.runtime.loading")},
+        ("edgesdk.runtime", "edgesdk.budgets"): {("edgesdk.runtime.loading", "edgesdk.budgets.memory")},
+        ("edgesdk.budgets", "edgesdk.errors"): {("edgesdk.budgets.memory", "edgesdk.errors")}}

@@ -142,7 +142,7 @@ class Target:
             shutil.rmtree(cache, ignore_errors=True)
 
     def _onnx(self, data: bytes) -> None:
-        from edgesdk.bundle.external_data import external_data_locations, location_problem
+        from edgesdk.engines.model_files import external_data_locations, location_problem
 
         path = self.bundle / "onnx" / "fuzzed.onnx"
         path.write_bytes(data)

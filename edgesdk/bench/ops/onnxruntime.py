@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import BackendUnavailable
+from ...runtime import timing
 from .timing import time_call
 
 # kernels that compute on integers (ONNX Runtime's contrib and standard quantized ops)
@@ -95,12 +96,5 @@ def _precision(args: dict) -> str:
 
 
 def _repeat(call, min_runs: int, min_seconds: float) -> int:
-    import time
-
-    n, start = 0, time.perf_counter()
-    while n < min_runs or time.perf_counter() - start < min_seconds:
-        call()
-        n += 1
-        if n >= 20 * min_runs:
-            break
-    return n
+    """Run ``call`` as :func:`~.timing.time_call` would (no warm-up); how many runs that was."""
+    return len(timing.run_times(call, min_runs=min_runs, max_runs=20 * min_runs, min_s=min_seconds, wall=True).seconds)

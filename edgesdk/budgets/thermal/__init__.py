@@ -1,5 +1,5 @@
-"""The thermal budget: how hot the device is (:mod:`.sensors`), what the next inference does about it
-(:mod:`.governor`), and how a loaded model carries that out (:mod:`.serving`).
+"""The thermal budget: how hot the device is (:mod:`.sensors`) and what the next inference does about it
+(:mod:`.governor`); how a loaded model carries that out is the runtime's (:mod:`edgesdk.runtime.thermal_serving`).
 
 Sensors (anything with ``read() -> ThermalReading``): :class:`LinuxThermalZones` (sysfs, with a configurable
 root), :class:`EdgeTpuTemperature` (a Coral's own sensor), :class:`RaspberryPiThrottled` (``vcgencmd

@@ -116,7 +116,7 @@ def test_pool_arguments_are_checked(kwargs, match):
 
 
 def test_a_pool_path_must_be_a_path():
-    with ModelPool(100) as pool, pytest.raises(InputError, match=r"must be a str or a Path, got int"):
+    with ModelPool(100) as pool, pytest.raises(InputError, match=r"must be a str or a Path \(or a BundleStore\), got int"):
         pool.get(3)
 
 

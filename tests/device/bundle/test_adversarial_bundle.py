@@ -267,3 +267,135 @@ def test_manifest_linked_inside_the_bundle_is_accepted(bundle_copy):
     (bundle_copy / "manifest.json").rename(bundle_copy / "meta" / "manifest.json")
     (bundle_copy / "manifest.json").symlink_to(Path("meta") / "manifest.json")
     assert Bundle.open(bundle_copy).name == "digits"
+
+
+# -- issue 29, finding 4: tensor shapes and dtypes are bounded when the manifest is read ---------------------------
+
+def _stateful(manifest: dict, shape: list[int], dtype: str = "float32") -> dict:
+    """``manifest`` with a state input ``h`` fed by an output ``h_out`` of ``shape`` (as quantize --state writes)."""
+    manifest["inputs"].append({"name": "h", "shape": shape, "dtype": dtype})
+    _with(manifest, "outputs", {"name": "h_out", "shape": shape, "dtype": dtype})
+    manifest["state"] = [{"output": "h_out", "input": "h"}]
+    return manifest
+
+
+def test_a_state_input_over_the_filled_input_cap_is_refused(good, monkeypatch):
+    """The issue's case: a state input declared [8192, 8192] made stream() allocate 256 MiB of zeros."""
+    _refused(_stateful(good, [8192, 8192]), r"inputs\[1\] \"h\": a state input of 268435456 bytes \(float32 "
+                                            r"\[8192, 8192\]\), over the limit of 16777216 for an input edgesdk "
+                                            r"fills in itself \(\$EDGESDK_MAX_FILLED_INPUT_BYTES raises it\)")
+    check_manifest(_stateful(copy.deepcopy(good) | {"inputs": good["inputs"][:1], "outputs": good["outputs"][:1]},
+                             [2048, 2048]), "manifest.json")  # 16 MiB: the limit itself
+    monkeypatch.setenv("EDGESDK_MAX_FILLED_INPUT_BYTES", str(256 << 20))
+    check_manifest(good, "manifest.json")
+
+
+def test_a_fixed_input_over_the_filled_input_cap_is_refused(good):
+    """A fixed input [8192, 8192] cost 1.16 GB per predict (filled in, then compared, at every call)."""
+    good["inputs"].append({"name": "sr", "shape": [8192, 8192], "dtype": "float32", "fixed": 16000})
+    _refused(good, r"inputs\[1\] \"sr\": a fixed input of 268435456 bytes \(float32 \[8192, 8192\]\), over the limit "
+                   r"of 16777216 for an input edgesdk fills in itself")
+
+
+@pytest.mark.parametrize(("side", "shape", "match"), [
+    ("inputs", [65536, 65536], r"inputs\[1\] \"big\": shape \[65536, 65536\] is 4294967296 elements, over the limit "
+                               r"of 100000000 \(edgesdk.bundle.tensors.MAX_ARRAY_ELEMENTS\)"),
+    ("outputs", [1, -1, 65536, 65536], r"outputs\[1\] \"big\": shape \[1, -1, 65536, 65536\] is 4294967296 elements"),
+    ("outputs", [1, 100_000_000], r"outputs\[1\] \"big\": 800000000 bytes \(float64 \[1, 100000000\]\), over the "
+                                  r"limit of 536870912 for one tensor \(\$EDGESDK_MAX_TENSOR_BYTES raises it\)"),
+], ids=["input-elements", "output-elements-dynamic", "output-bytes"])
+def test_a_tensor_over_the_element_or_byte_cap_is_refused(good, side, shape, match):
+    _refused(_with(good, side, {"name": "big", "shape": shape, "dtype": "float64"}), match)
+
+
+def _with(manifest: dict, side: str, tensor: dict) -> dict:
+    manifest[side].append(tensor)
+    for key in ("tolerance_per_output", "mean_tolerance_per_output"):  # one value per output
+        manifest["golden"].pop(key, None)
+    return manifest
+
+
+def test_the_tensor_caps_can_be_raised(good, monkeypatch):
+    _with(good, "outputs", {"name": "big", "shape": [1, 100_000_000], "dtype": "float64"})
+    monkeypatch.setenv("EDGESDK_MAX_TENSOR_BYTES", str(1 << 30))
+    check_manifest(good, "manifest.json")
+    good["outputs"][-1]["shape"] = [1, 200_000_000]
+    _refused(good, r"is 200000000 elements, over the limit of 100000000")
+    from edgesdk.bundle import tensors
+
+    monkeypatch.setattr(tensors, "MAX_ARRAY_ELEMENTS", 200_000_000)
+    monkeypatch.setenv("EDGESDK_MAX_TENSOR_BYTES", str(2 << 30))
+    check_manifest(good, "manifest.json")
+
+
+@pytest.mark.parametrize("dtype", ["S1000000000", "U5", "object", "complex64", "float128", "datetime64", "V16",
+                                   "int4096", "f" * 300])
+def test_a_dtype_that_is_not_numeric_or_bool_is_refused(good, dtype):
+    """dtype S1000000000 made a raw MemoryError; only numbers and bools of at most 8 bytes are tensors here."""
+    good["inputs"][0]["dtype"] = dtype
+    error = _refused(good, r"inputs\[0\] \"x\": dtype .* is not a numeric or bool dtype of at most 8 bytes \(bool, "
+                           r"int8 to int64, uint8 to uint64, float16, bfloat16, float32, float64\)")
+    assert str(error).isprintable() and len(str(error)) < 600
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int64", "float16", "bfloat16", "float64"])
+def test_numeric_dtypes_are_accepted(good, dtype):
+    good["outputs"][0]["dtype"] = dtype
+    check_manifest(good, "manifest.json")
+
+
+def test_a_huge_state_is_refused_before_anything_is_allocated(bundle_copy):
+    m = _stateful(_manifest(bundle_copy), [65536, 65536])
+    _write(bundle_copy, m)
+    answer = run_bounded(f"edgesdk.load({str(bundle_copy)!r}, engine='onnxruntime').stream()", headroom_mb=256)
+    assert answer.get("error") == "BundleError", answer
+    assert "shape [65536, 65536] is 4294967296 elements" in answer["message"]
+
+
+# -- issue 29, low: task parameters that cannot fit the outputs are refused at load --------------------------------
+
+def _task(manifest: dict, task: dict, outputs: list[dict]) -> dict:
+    manifest["task"] = task
+    manifest["outputs"] = outputs
+    for key in ("tolerance_per_output", "mean_tolerance_per_output"):
+        manifest["golden"].pop(key, None)
+    return manifest
+
+
+LOGITS = [{"name": "logits", "shape": [1, 24, 8], "dtype": "float32"}]
+ANCHOR_OUTPUTS = [{"name": "boxes", "shape": [1, 1, 16], "dtype": "float32"},
+                  {"name": "scores", "shape": [1, 1, 1], "dtype": "float32"}]
+ANCHORS = {"type": "detection", "format": "anchors", "anchors": {"strides": [8], "per_layer": 1},
+           "outputs": {"boxes": "boxes", "scores": "scores"}}
+
+
+@pytest.mark.parametrize(("task", "outputs", "match"), [
+    ({"type": "text", "charset": [f"c{i}" for i in range(100_000)]}, LOGITS,
+     r"task 'charset' has 100000 entries, but output 'logits' \(role 'logits'\) has 8 classes \(shape \[1, 24, 8\]\): "
+     r"the charset lists every class but the blank, so it needs 7"),
+    ({"type": "text", "blank": 100_000}, LOGITS,
+     r"task 'blank' 100000 is not a class of output 'logits' \(role 'logits'\): it has 8 classes \(shape "
+     r"\[1, 24, 8\]\)"),
+    ({**ANCHORS, "keypoints": 1000}, ANCHOR_OUTPUTS,
+     r"task 'keypoints' 1000 needs 2004 values per row of output 'boxes' \(role 'boxes'\) \(4 for the box, 2 per "
+     r"keypoint\); it has 16 \(shape \[1, 1, 16\]\)"),
+    ({"type": "segmentation", "kind": "probability"}, [{"name": "map", "shape": [1, 5, 8, 8], "dtype": "float32"}],
+     r"task 'kind' 'probability' needs one channel on channel_axis 1 of output 'map' \(role 'map'\); it has 5 "
+     r"\(shape \[1, 5, 8, 8\]\)"),
+    ({"type": "landmarks", "dims": 3}, [{"name": "points", "shape": [1, 10], "dtype": "float32"}],
+     r"task 'dims' 3 does not divide the 10 values of output 'points' \(role 'points'\) \(shape \[1, 10\]\)"),
+], ids=["charset", "blank", "keypoints", "seg-channels", "landmark-dims"])
+def test_task_parameters_that_cannot_fit_the_outputs_are_refused_at_load(bundle_copy, task, outputs, match):
+    """Such bundles loaded and then failed every prediction with an InputError."""
+    _write(bundle_copy, _task(_manifest(bundle_copy), task, outputs))
+    with pytest.raises(BundleError, match=match):
+        Bundle.open(bundle_copy)
+
+
+def test_task_parameters_that_fit_or_cannot_be_told_are_accepted(good):
+    check_manifest(_task(copy.deepcopy(good), {"type": "text", "charset": list("abcdefg"), "blank": 7}, LOGITS),
+                   "manifest.json")
+    dynamic = [{"name": "logits", "shape": [1, -1, -1], "dtype": "float32"}]  # classes unknown until it runs
+    check_manifest(_task(copy.deepcopy(good), {"type": "text", "charset": list("abc" * 100), "blank": 400}, dynamic),
+                   "manifest.json")
+    check_manifest(_task(copy.deepcopy(good), {**ANCHORS, "keypoints": 6}, ANCHOR_OUTPUTS), "manifest.json")

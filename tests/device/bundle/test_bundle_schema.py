@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from edgesdk import Bundle
 from edgesdk.bundle.schema import check_manifest, load_manifest
-from edgesdk.bundle.external_data import external_data_locations
+from edgesdk.engines.model_files import external_data_locations
 from edgesdk.errors import BackendUnavailable, BundleError
 
 REPO = Path(__file__).resolve().parents[3]

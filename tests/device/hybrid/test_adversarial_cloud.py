@@ -398,3 +398,104 @@ def test_garbage_model_metadata_is_a_typed_cloud_error(inputs):
     with pytest.raises(CloudError) as caught:
         client.check_inputs(spec)
     assert caught.value.reason in ("bad_response", "model_mismatch"), caught.value
+
+
+# -- issue 29, low: a detection answer out of any sane range is the cloud's failure --------------------------------
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    from task_models import detector_bundle
+
+    return detector_bundle(tmp_path_factory.mktemp("detector"))
+
+
+def predictions(values) -> callable:
+    """An infer behaviour answering the detector's one output with ``values`` [1, 6, 16]."""
+    import numpy as np
+
+    return outputs({"name": "predictions", "shape": [1, 6, 16], "datatype": "FP32",
+                    "data": np.asarray(values, np.float32).reshape(-1).tolist()})
+
+
+@pytest.mark.parametrize("made_by", ["load", "app"])
+def test_cloud_boxes_out_of_any_sane_range_are_the_clouds_failure(detector, made_by):
+    """A cloud answer with boxes at 1e30 px became zero-area boxes at the image's corner that replaced the device's
+    good ones. Now the client decodes the answer's candidates as the device would before anything uses it: a box
+    over the score threshold that is no number or lies past 16 input sizes is a ``bad_response``, and the device
+    answers. The same with the client load makes from a URL and one the app made."""
+    import numpy as np
+
+    from edgesdk.tasks.answers import AnswerCheck
+
+    manifest = Bundle.open(detector).manifest
+    srv = MaliciousServer(manifest)
+    image = np.full((40, 40, 3), 128, np.uint8)
+    try:
+        with edgesdk.load(detector, artifact="onnxruntime-fp32") as device:
+            honest = device.predict(image).outputs[0]
+        far = honest.copy()
+        far[0, :4] = 1e30  # every box's centre and size: 1e30 of the input (16 px) away
+        cloud = srv.url if made_by == "load" else client(srv)
+        always = EscalationPolicy(signal="min_kept_score", threshold=1.0)  # every answer escalates
+        with edgesdk.load(detector, artifact="onnxruntime-fp32", mode="prefer-device", cloud=cloud,
+                          escalation=always) as model:
+            srv.infer = predictions(honest)
+            result = model.predict(image)
+            assert (result.source, len(result.detections)) == ("cloud", 16)
+            srv.infer = predictions(far)
+            result = model.predict(image)
+            assert (result.source, result.degraded, result.cloud_error) == ("device", True, "bad_response")
+            assert len(result.detections) == 16
+            assert all(0 <= v <= 40 for d in result.detections for v in d.box)
+            assert all(d.box[2] > d.box[0] and d.box[3] > d.box[1] for d in result.detections)
+        if made_by == "app":
+            assert cloud.answer_check is None  # the model passes its check with each call: the app's client is its own
+        bare = client(srv, expected_outputs=manifest["outputs"], answer_check=AnswerCheck.of(manifest))
+        with pytest.raises(CloudError, match=r"bad_response: the infer response is unusable: 16 of the 16 candidate "
+                                             r"boxes over the score threshold are not numbers or lie farther than 16 "
+                                             r"input sizes \(16x16\) from the input"):
+            bare.infer([np.zeros((1, 3, 16, 16), np.float32)], ["x"])
+        srv.infer = predictions(honest)
+        assert bare.infer([np.zeros((1, 3, 16, 16), np.float32)], ["x"])[0].shape == (1, 6, 16)
+    finally:
+        srv.close()
+
+
+# -- issue 29, interop: model metadata that says less is unknown, not a mismatch -----------------------------------
+
+X_SPEC = [{"name": "x", "shape": [1, 1, 8, 8], "dtype": "float32"}]
+
+
+def _metadata_client(metadata: dict) -> CloudClient:
+    from edgesdk.hybrid.transport import MockTransport, Response
+
+    return CloudClient("http://127.0.0.1:9", "digits",
+                       transport=MockTransport(lambda request: Response(200, {}, json.dumps(metadata).encode())))
+
+
+@pytest.mark.parametrize("metadata", [
+    {"name": "digits"},                                                               # no inputs key at all
+    {"name": "digits", "inputs": None, "outputs": None},
+    {"name": "digits", "inputs": [], "outputs": []},                                  # MLServer, a KServe model
+    {"name": "digits", "inputs": [{"name": "x"}]},                                    # no datatype, no shape
+    {"name": "digits", "inputs": [{"name": "x", "datatype": "", "shape": None}]},
+    {"name": "digits", "inputs": [{"name": "x", "datatype": "fp32", "shape": [-1, 1, 8, 8]}]},   # author's case
+    {"name": "digits", "inputs": [{"name": "x", "datatype": "TYPE_FP32", "shape": [1, 1, -1, -1]}]},  # Triton's
+], ids=["absent", "null", "empty", "bare", "blank", "lower-case", "type-prefix"])
+def test_metadata_that_says_nothing_is_unknown_not_a_mismatch(metadata):
+    """The issue's finding: the client refused such servers (bad_response / model_mismatch) before sending
+    anything, though the answers are checked against the bundle anyway."""
+    assert _metadata_client(metadata).check_inputs(X_SPEC)["name"] == "digits"
+
+
+@pytest.mark.parametrize("inputs, problem", [
+    ([{"name": "image", "datatype": "FP32", "shape": [1, 1, 8, 8]}], r"no input 'x' \(the server has \['image'\]\)"),
+    ([{"name": "x", "datatype": "FP64"}], r"input 'x' is FP64 there, FP32 here"),
+    ([{"name": "x", "datatype": "bytes", "shape": [-1]}], r"input 'x' is bytes there, FP32 here; input 'x' has shape "
+                                                          r"\[-1\] there"),
+    ([{"name": "x", "shape": [1, 3, 8, 8]}], r"input 'x' has shape \[1, 3, 8, 8\] there, \[1, 1, 8, 8\] here"),
+], ids=["other name", "other datatype", "bytes", "other shape"])
+def test_listed_metadata_that_contradicts_the_bundle_is_still_a_mismatch(inputs, problem):
+    with pytest.raises(CloudError, match=problem) as caught:
+        _metadata_client({"name": "digits", "inputs": inputs}).check_inputs(X_SPEC)
+    assert caught.value.reason == "model_mismatch"

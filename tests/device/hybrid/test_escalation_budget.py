@@ -136,6 +136,27 @@ def test_the_token_bucket_caps_a_burst_exactly_and_refills_at_its_rate():
     assert budget.state()["skipped"] == 289 and budget.state()["escalations"] == 11
 
 
+def test_a_bucket_of_less_than_one_a_minute_still_admits_at_its_rate():
+    clock = Clock()
+    budget = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.5, max_per_minute=0.5), False, None,
+                              clock)
+    went = []
+    for k in range(10):  # one input wanting the cloud every 10 minutes: 0.5 a minute refills one token per 2 min
+        clock.now = 600.0 * k
+        went.append(budget.admit())
+    assert went == [True] * 10
+
+
+@pytest.mark.parametrize("window, rate", [(10, 0.1), (100, 0.05), (1000, 0.1)])
+def test_the_hard_cap_admits_exactly_its_share_of_every_window(window, rate):
+    budget = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.5, max_rate=rate, rate_window=window),
+                              False, None)
+    went = [budget.admit() for _ in range(20 * window)]  # every input wants the cloud
+    allowed = round(rate * window)
+    assert max(sum(went[i:i + window]) for i in range(len(went) - window + 1)) == allowed
+    assert sum(went) == 20 * allowed  # not fewer either
+
+
 def test_the_hard_cap_holds_every_window():
     budget = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.5, max_rate=0.05, rate_window=100),
                               False, None)
@@ -168,6 +189,20 @@ def test_a_hybrid_model_over_its_budget_answers_on_the_device_and_says_so(onnx_b
     assert "escalation budget: max_prob threshold 1, rate" in shown.stdout and "3 escalated, 17 skipped" in shown.stdout
 
 
+def test_escalate_more_raises_the_target_rate_of_a_budget():
+    budget = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.5, target_rate=0.1, step=0.1), False,
+                              0.5)
+    rng = np.random.default_rng(0)
+    signal = rng.random(20_000)
+    escalated = []
+    for k, v in enumerate(signal):
+        wanted = v < budget.threshold
+        budget.observe(wanted, 0.1 if k >= 10_000 else 0.0)  # the monitor's shift from half-way
+        escalated.append(wanted)
+    assert np.mean(escalated[5_000:10_000]) == pytest.approx(0.1, abs=0.02)
+    assert np.mean(escalated[15_000:]) == pytest.approx(0.2, abs=0.02)
+
+
 def test_the_threshold_starts_from_the_calibrated_curve():
     manifest = {"hybrid": {"signal": "max_prob", "threshold": 0.9, "curve": [
         {"threshold": 0.5, "escalation_rate": 0.02, "accuracy": 0.97},
@@ -178,11 +213,21 @@ def test_the_threshold_starts_from_the_calibrated_curve():
     assert warm_start({}, "max_prob", 0.1) is None
 
 
+def _logit(p):
+    return float(np.log(p / (1 - p)))
+
+
 def test_the_threshold_moves_by_at_most_its_step_and_stays_bounded():
-    budget = EscalationBudget(EscalationPolicy(signal="entropy", threshold=0.5, target_rate=0.1, step=0.1), True, 0.5)
+    budget = EscalationBudget(EscalationPolicy(signal="entropy", threshold=0.3, target_rate=0.1, step=0.1), True, 0.3)
     before = budget.threshold
     budget.observe(True)  # a high-is-hard signal escalating: the threshold goes up (fewer escalate)
-    assert budget.threshold > before and abs(np.log(budget.threshold / (1 - budget.threshold))) <= 0.1 * 0.9 + 1e-9
+    assert budget.threshold > before and _logit(budget.threshold) - _logit(before) == pytest.approx(0.1 * 0.9)
+    before = budget.threshold
+    budget.observe(False)  # not escalating: down by step x target
+    assert _logit(before) - _logit(budget.threshold) == pytest.approx(0.1 * 0.1)
+    low = EscalationBudget(EscalationPolicy(signal="max_prob", threshold=0.9, target_rate=0.1, step=0.1), False, 0.9)
+    low.observe(True)  # a low-is-hard signal escalating: the threshold goes down
+    assert _logit(0.9) - _logit(low.threshold) == pytest.approx(0.09)
     for _ in range(100_000):
         budget.observe(True)
     assert 0.999998 < budget.threshold < 1.0

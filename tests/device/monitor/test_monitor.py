@@ -334,7 +334,7 @@ def test_held_inputs_give_the_rows_of_inputs_summarized_at_once(shape, layout, d
     held, direct = InputSummary("x", shape, layout, window=16, center=100.0, pending=5), \
         InputSummary("x", shape, layout, window=16, center=100.0)
     for k, x in enumerate(xs):
-        held.hold(x, k % 16)
+        held.hold(x.copy(), k % 16, owned=k % 2 == 0)  # every other one kept by reference until summarized
         direct.record(x, k % 16)
     assert held._held_at and held._held[:len(held._held_at)].any()  # three of them wait for their rows
     np.testing.assert_allclose(held.features(16), direct.features(16), rtol=1e-9, atol=1e-9)
@@ -408,3 +408,36 @@ def test_float_artifact_response_is_refused_with_a_thermal_budget(onnx_bundle, t
     with pytest.raises(InputError, match="float_artifact cannot be combined with a thermal budget"):
         edgesdk.load(onnx_bundle.bundle, engine="onnxruntime", thermal=governor,
                      monitor=MonitorOptions(respond={"input_drift": "float_artifact"}))
+
+
+def test_inputs_held_by_two_threads_at_once_are_never_zeroed_or_lost():
+    """edgesdk serve observes from several threads: a copy made while another thread summarizes the buffer must not
+    be zeroed under it (it was: an all-zero row is a drifted input)."""
+    import threading
+
+    from edgesdk.monitor.summaries import InputSummary
+
+    summary = InputSummary("x", (1, 224, 224, 3), "nhwc", window=4000, pending=50)
+    rng = np.random.default_rng(0)
+    xs = [(rng.random((1, 224, 224, 3)) * 0.5 + 0.5).astype(np.float32) for _ in range(8)]  # every mean in [0.5, 1]
+
+    def run(k):
+        for i in range(2000):
+            summary.hold(xs[(i + k) % 8], 2000 * k + i)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    means = summary.features(4000)[:, :3]
+    assert np.isfinite(means).all() and means.min() > 0.5
+
+
+def test_float_artifact_response_applies_to_predict_batch_too(onnx_bundle, digits):
+    with edgesdk.load(onnx_bundle.bundle, artifact="onnxruntime-int8",
+                      monitor=MonitorOptions(**QUICK, respond={"input_drift": "float_artifact"})) as model:
+        model.predict_batch(list(digits[:150]))
+        served = [r.placement.artifact for _ in range(30) for r in model.predict_batch([DARK] * 10)]
+        assert model.monitor.wants_float
+    assert served[0] == "onnxruntime-int8" and served[-1] == "onnxruntime-fp32"

@@ -224,3 +224,130 @@ def test_every_backend_failing_numerics_reports_numerics_mismatch(digits_bundle,
             edgesdk.load(bundle, policy=policy)
         assert info.value.reason == "numerics_mismatch", (policy, info.value)
     assert Bundle.open(bundle).golden()["output_0"].shape[0] > 0
+
+
+# -- issue 29, finding 3: segmentation masks of a large image ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def segmenters(tmp_path_factory) -> dict[int, Path]:
+    from task_models import segmenter_bundle
+
+    folder = tmp_path_factory.mktemp("segmenters")
+    return {classes: segmenter_bundle(folder, classes) for classes in (64, 256)}
+
+
+SEG_CHILD = """
+import json, sys
+import edgesdk
+from edgesdk.budgets.memory import rss_mb
+edgesdk.load(sys.argv[1], artifact="onnxruntime-fp32").close()  # the engine's libraries, loaded
+model = edgesdk.load(sys.argv[1], artifact="onnxruntime-fp32", memory_mb=rss_mb() + int(sys.argv[3]))
+out = {"limit": model.budget["memory"]["limit_mb"]}
+try:
+    result = model.predict(sys.argv[2])
+    masks = result.masks
+    shown = result.decoded.to_dict()["masks"]  # what edgesdk run --json prints
+    out.update(masks=len(masks), classes=sorted(m.class_index for m in masks), shape=list(masks[0].mask.shape),
+               areas=sorted({m.area for m in masks}), area_sum=sum(m.area for m in masks),
+               boxes=len({tuple(d["box"]) for d in shown}), score=min(m.score for m in masks),
+               mask_area=int(masks[-1].mask.sum()), map=[str(result.decoded.score_map.dtype),
+                                                          list(result.decoded.score_map.shape)])
+except edgesdk.EdgeSDKError as exc:
+    out["error"] = [type(exc).__name__, str(exc)]
+out["peak"] = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM")) / 1024
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("classes", [64, 256])
+def test_masks_of_a_large_image_are_made_within_the_memory_budget(segmenters, tmp_path, classes):
+    """The issue's case: a 30 KB 5120 x 5120 PNG through a 64-class segmenter made one full-size mask per class, 2.09 GB
+    under --memory-mb 1500; with 256 classes a raw numpy MemoryError. Now the label map is made once, at one or two
+    bytes a pixel, and each mask is made from it when read."""
+    image = tmp_path / "big.png"
+    image.write_bytes(_png(5120, 5120))
+    proc = _child(SEG_CHILD, str(segmenters[classes]), str(image), "400", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out
+    cell = 5120 * 5120 // classes
+    assert out["masks"] == classes and out["classes"] == list(range(classes)) and out["shape"] == [5120, 5120]
+    assert out["areas"] == [cell] and out["area_sum"] == 5120 * 5120 and out["mask_area"] == cell
+    assert out["boxes"] == classes and out["score"] > 0.98
+    assert out["map"] == ["int8" if classes <= 128 else "int16", [5120, 5120]]
+    assert out["peak"] < out["limit"], out  # the whole predict, image decoding included, stayed in its budget
+
+
+def test_masks_over_the_mask_pixel_cap_are_refused(segmenters, tmp_path, monkeypatch):
+    from edgesdk.tasks import segmentation
+
+    image = tmp_path / "wide.png"
+    image.write_bytes(_png(400, 300))
+    with edgesdk.load(segmenters[64], artifact="onnxruntime-fp32", monitor=False) as model:
+        monkeypatch.setattr(segmentation, "MAX_MASK_PIXELS", 100_000)
+        result = model.predict(image)  # the model answers; the masks are refused when they are made
+        with pytest.raises(InputError, match=r"masks of a 400x300 image are 120000 pixels; more than 100000 is "
+                                             r"refused \(edgesdk.tasks.segmentation.MAX_MASK_PIXELS\)"):
+            result.masks
+        monkeypatch.setattr(segmentation, "MAX_MASK_PIXELS", 120_000)
+        assert len(model.predict(image).masks) == 64
+
+
+SEG_BUDGET_CHILD = """
+import json, sys
+import numpy as np
+import edgesdk
+from edgesdk.budgets.memory import rss_mb
+from edgesdk.tasks.geometry import Transform
+edgesdk.load(sys.argv[1], artifact="onnxruntime-fp32").close()
+model = edgesdk.load(sys.argv[1], artifact="onnxruntime-fp32", memory_mb=rss_mb() + 60, monitor=False)
+result = model.predict(np.zeros((1, 3, 32, 32), np.float32))
+out = {}
+try:  # masks for a 7000 x 7000 original: 49 MP at 2 bytes a pixel, over what the budget leaves
+    model.io.decode(result.outputs, Transform.stretch((7000, 7000), (32, 32)))
+except edgesdk.BudgetExceeded as exc:
+    out["refused"] = [exc.reason, exc.detail, exc.needed, exc.available]
+out["small"] = len(model.io.decode(result.outputs, Transform.stretch((640, 480), (32, 32))).masks)
+out["peak"] = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM")) / 1024
+out["limit"] = model.budget["memory"]["limit_mb"]
+print(json.dumps(out))
+"""
+
+
+def test_masks_that_would_break_the_memory_budget_are_refused_before_they_are_made(segmenters):
+    proc = _child(SEG_BUDGET_CHILD, str(segmenters[64]), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    reason, detail, needed, available = out["refused"]
+    assert reason == "memory" and "masks of a 7000x7000 image need ~93.5 MB; the memory budget leaves" in detail
+    assert needed > available and out["small"] == 64 and out["peak"] < out["limit"], out
+
+
+# -- issue 29, low: detection decoding of finite outputs too large for its arithmetic ------------------------------
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory) -> Path:
+    from task_models import detector_bundle
+
+    return detector_bundle(tmp_path_factory.mktemp("detector"))
+
+
+def test_a_detection_that_overflows_in_decoding_is_maximally_uncertain(detector):
+    """3e38 everywhere gave finite outputs near 1.4e38; decoding them overflowed (raw RuntimeWarnings) to no box and
+    an uncertain_share of 0, so hybrid mode kept a "surely nothing there" answer. Now the overflowed candidates are
+    counted (``unreadable``), the share is 1 and the input escalates; an ordinary image decodes as before."""
+    import warnings
+
+    with edgesdk.load(detector, artifact="onnxruntime-fp32", mode="prefer-device", cloud="http://127.0.0.1:9") as m:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a RuntimeWarning fails the test
+            result = m.predict(np.full((1, 3, 16, 16), 3e38, np.float32))
+            decoded = result.decoded
+        assert result.outputs[0].max() > 1e38 and np.isfinite(result.outputs[0]).all()
+        assert decoded.detections == [] and decoded.unreadable == 16
+        assert decoded.to_dict()["unreadable"] == 16
+        assert result.signals["uncertain_share"] == 1.0
+        assert (result.source, result.escalation_reason, result.degraded) == ("device", "low_confidence", True)
+        ordinary = m.predict(np.full((40, 40, 3), 128, np.uint8))  # inside the calibration ranges
+        assert len(ordinary.detections) == 16 and ordinary.decoded.unreadable == 0
+        assert ordinary.signals["uncertain_share"] == 0.0 and ordinary.source == "device" and not ordinary.degraded

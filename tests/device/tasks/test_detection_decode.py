@@ -270,3 +270,34 @@ def test_yolo_normalized_rows_are_scaled_to_the_input_and_scores_clipped_to_one(
     np.testing.assert_allclose(p.box, d.box, atol=1e-4)
     with pytest.raises(InputError, match="normalized"):
         decode(spec, [rows], ["p"])
+
+
+def test_a_box_wholly_outside_the_image_is_dropped_not_clipped_to_its_edge():
+    """A box in the letterbox padding (or past the image) used to be clipped to a zero-area box on the image's edge."""
+    transform = Transform.letterbox((200, 400), (128, 128))  # the image is rows 32 to 96 of the input
+    boxes = np.array([[[32, 48, 96, 80], [10, 2, 40, 20], [10, 100, 40, 126]]], np.float32)  # in, above, below
+    decoded = decode(boxes_spec(), [boxes, np.array([[0.7, 0.9, 0.8]], np.float32)], ["boxes", "scores"],
+                     transform=transform)
+    assert [d.box for d in decoded.detections] == [pytest.approx((100, 50, 300, 150))]
+
+
+def test_boxes_and_classes_past_what_decoding_can_hold_are_unreadable_not_absent():
+    """Finite outputs too large for the decoding's arithmetic (3e38 normalized, a class index of 1e30) are counted as
+    unreadable, without a RuntimeWarning; the others decode as before."""
+    import warnings
+
+    spec = TaskSpec.make("detection", {"predictions": "p"}, format="yolo", normalized=True)
+    rows = np.array([[[0.5, 0.5, 0.25, 0.25, 0.9, 1.0], [3e38, 3e38, 3e38, 3e38, 0.9, 1.0],
+                      [40.0, 0.5, 0.25, 0.25, 0.9, 1.0], [3e38, 3e38, 3e38, 3e38, 0.1, 1.0]]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoded = decode(spec, [rows], ["p"], transform=Transform.identity(96, 128))
+    # the second row overflows, the third lies 40 input widths away (past 16); the fourth is under the threshold
+    assert len(decoded.detections) == 1 and decoded.unreadable == 2
+    classes = boxes_spec(roles={"classes": "classes"})
+    outputs = [np.array([[[10, 20, 30, 60], [10, 20, 30, 60]]], np.float32), np.array([[0.8, 0.9]], np.float32),
+               np.array([[1e30, 2.0]], np.float32)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoded = decode(classes, outputs, ["boxes", "scores", "classes"])
+    assert [d.class_index for d in decoded.detections] == [2] and decoded.unreadable == 1

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgesdk.bundle.reader import Bundle, sha256_file
+from edgesdk.bundle.reader import Bundle
+from edgesdk.file_digest import sha256_file
 from support import file_entry, write_manifest
 from edgesdk.errors import BundleError
 from edgesdk.trust import (SIGNATURE, ArchiveLimits, open_archive, pack_bundle, verify_bundle)

@@ -1,4 +1,4 @@
-"""The governor driving a real model (edgesdk.budgets.thermal.serving): fewer threads, pacing, and the switch to a
+"""The governor driving a real model (edgesdk.runtime.thermal_serving): fewer threads, pacing, and the switch to a
 lower-power backend at hot and back; real engines, a fake NPU where the machine has none, fake clocks."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_a_sustained_predict_loop_under_the_governor_holds_the_simulated_device(
 
 def test_lower_power_is_an_npu_or_a_lower_precision_on_the_same_kind():
     from edgesdk.runtime.placement import Candidate
-    from edgesdk.budgets.thermal.serving import lower_power
+    from edgesdk.runtime.thermal_serving import lower_power
 
     cpu32 = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-fp32", "fp32")
     cpu8 = Candidate("onnxruntime", "CPUExecutionProvider", "CPU", "onnxruntime-int8", "int8")
@@ -231,7 +231,7 @@ def test_a_lower_power_backend_that_fails_its_numerics_is_not_used(digits_bundle
 def test_a_failed_switch_is_tried_again_later(digits_bundle, tmp_path, fake_npu, engine_log, monkeypatch):
     import edgesdk
     from edgesdk import Bundle
-    from edgesdk.budgets.thermal import serving
+    from edgesdk.runtime import thermal_serving
 
     root = hot_zone(tmp_path)
     x = Bundle.open(digits_bundle.bundle).golden()["input_0"][:1]
@@ -242,7 +242,7 @@ def test_a_failed_switch_is_tried_again_later(digits_bundle, tmp_path, fake_npu,
         assert model.predict(x).placement.engine == "onnxruntime"
         fake_npu.broken = False  # the delegate recovers
         assert model.predict(x).placement.engine == "onnxruntime"  # not retried at once
-        monkeypatch.setattr(serving, "RETRY_AFTER_S", 0.0)
+        monkeypatch.setattr(thermal_serving, "RETRY_AFTER_S", 0.0)
         assert model.predict(x).placement.engine == "fake-npu"
 
 

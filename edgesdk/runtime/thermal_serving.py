@@ -1,4 +1,4 @@
-"""How a loaded model carries out the thermal governor's plan: which backend and thread count serve the next
+"""How a loaded model carries out the thermal governor's plan (:mod:`edgesdk.budgets.thermal`): which backend and thread count serve the next
 inference, and what its result's budget entry says.
 
 At load the runtime hands over the candidates it may serve from (the policy's order, ``require`` met, none that
@@ -26,12 +26,12 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ...engines import Engine
-from ...errors import BudgetExceeded
-from ...frozen import FrozenDict, freeze
-from ...runtime.placement import Candidate, Placement
-from ...runtime.opening import open_checked
-from .governor import Plan, describe
+from ..budgets.thermal.governor import Plan, describe
+from ..engines import Engine
+from ..errors import BudgetExceeded
+from ..frozen import FrozenDict, freeze
+from .opening import open_checked
+from .placement import Candidate, Placement
 
 PRECISION_POWER = ("int8", "fp16", "fp32")
 RETRY_AFTER_S = 30.0  # a backend that failed to open or to check is not tried again for this long

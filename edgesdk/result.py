@@ -1,21 +1,25 @@
 """One prediction as the caller gets it: :class:`Result` (raw outputs, top-k read on demand, where it ran, how
 long each stage took, the budget state and, in hybrid mode, which side answered and why). Below both the device
-model and :mod:`edgesdk.hybrid.model`, which make results and import nothing else from each other for it.
+runtime (:mod:`edgesdk.runtime.model`) and :mod:`edgesdk.hybrid.model`, which both make results: it imports neither,
+so the runtime may import hybrid (``load`` builds a :class:`~edgesdk.HybridModel`) and hybrid never imports the
+runtime.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ..bundle.tensors import Top
-from ..choices import EscalationReason, EscalationSkip
-from ..frozen import FrozenDict, thaw
-from ..tasks.results import Decoded, Detection, Landmarks, Mask, TextLine
-from .placement import Placement
+from .bundle.tensors import Top
+from .choices import EscalationReason, EscalationSkip
+from .frozen import FrozenDict, thaw
+from .tasks.results import Decoded, Detection, Landmarks, Mask, TextLine
+
+if TYPE_CHECKING:  # an annotation only: a result names no runtime module, so hybrid and runtime both make results
+    from .runtime.placement import Placement
 
 
 @dataclass

@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import memory
+from ..budgets import memory
 from ..choices import BudgetReason
 from ..errors import BudgetExceeded, InputError
 from ..lifecycle import Closeable
-from ..runtime.loading import load_device
-from ..runtime.model import Model
-from ..runtime.options import RuntimeOptions, merge_options
+from .loading import load_device
+from .model import Model
+from .options import RuntimeOptions, merge_options
 
 EVICTED_KEPT = 256  # ``ModelPool.evicted`` keeps the most recent evictions only (a long-running pool cycles forever)
 
