@@ -104,6 +104,16 @@ class CriticalMode(Choice):
     ESCALATE = "escalate"
 
 
+class ThermalLevel(Choice):
+    """A device's thermal level (``ThermalGovernor.level``, ``ThermalReading.level_hint``), in rising order
+    (:mod:`edgesdk.budgets.thermal`)."""
+
+    NOMINAL = "nominal"
+    WARM = "warm"
+    HOT = "hot"
+    CRITICAL = "critical"
+
+
 class TaskType(Choice):
     """The manifest's ``task.type``: what a model's outputs mean, so that they are decoded, validated, shown and
     judged as that (:mod:`edgesdk.tasks`)."""
@@ -143,6 +153,24 @@ class VersionState(Choice):
     PREVIOUS = "previous"  # kept to roll back to, newest first
     STAGED = "staged"  # installed and checked, not activated: this device is outside its rollout
     REJECTED = "rejected"  # failed its self-check, or rolled back from in probation; never re-activated by itself
+
+
+class ResultSource(Choice):
+    """``Result.source``: where an answer was computed."""
+
+    DEVICE = "device"
+    CLOUD = "cloud"
+
+
+class BudgetAction(Choice):
+    """``Result.budget["action"]`` and ``["actions"]``: what a budget changed for one inference
+    (:meth:`edgesdk.budgets.thermal.ThermalGovernor.before_inference`, :mod:`edgesdk.runtime.thermal_serving`)."""
+
+    PACED = "paced"  # waited to keep the warm rate limit
+    DEFERRED = "deferred"  # waited for the level to drop below hot
+    THREADS_REDUCED = "threads_reduced"
+    ESCALATE = "escalate"  # critical with ThermalActions critical mode "escalate": a hybrid model asks the cloud
+    ARTIFACT_SWITCHED = "artifact_switched"  # another artifact or backend serves it (memory fit or thermal ``prefer``)
 
 # -- reasons --------------------------------------------------------------------------------------------------------
 
@@ -269,6 +297,6 @@ class CacheState(Choice):
     UNAVAILABLE = "unavailable"
 
 
-__all__ = ["Choice", "Policy", "Performance", "SpeedCheck", "HybridMode", "CriticalMode", "BackendReason",
-           "BudgetReason", "CloudReason", "EscalationReason", "CacheState", "TaskType", "InstallStep", "VersionState",
-           "StoreReason"]
+__all__ = ["Choice", "Policy", "Performance", "SpeedCheck", "HybridMode", "CriticalMode", "ThermalLevel",
+           "BackendReason", "BudgetReason", "CloudReason", "EscalationReason", "CacheState", "TaskType", "InstallStep",
+           "VersionState", "StoreReason", "ResultSource", "BudgetAction"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from .bundle.tensors import Top
-from .choices import EscalationReason, EscalationSkip
+from .choices import EscalationReason, EscalationSkip, ResultSource
 from .frozen import FrozenDict, thaw
 from .tasks.results import Decoded, Detection, Landmarks, Mask, TextLine
 
@@ -120,7 +120,7 @@ class Result:
         cloud answered) and the raw outputs as nested lists with their shapes (``outputs=False`` leaves them out)."""
         where = self.placement
         out = {"source": self.source,
-               "backend": f"{where.engine}:{where.device}:{where.artifact}" if self.source == "device" and
+               "backend": f"{where.engine}:{where.device}:{where.artifact}" if self.source == ResultSource.DEVICE and
                where is not None else None,
                "escalation_reason": self.escalation_reason, "degraded": self.degraded,
                "cloud_error": self.cloud_error, "escalation_skipped": self.escalation_skipped, "signals": self.signals, "top": [t._asdict() for t in self.top],

@@ -124,14 +124,16 @@ def _child(args: dict[str, Any], timeout: float) -> dict[str, Any]:
     try:
         run = run_child(_CHILD, args, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("cold_start_timeout", f"{where} did not finish in {timeout:g} s (killed); "
-                                                       f"stderr tail: {tail(exc.stderr)}") from exc
+        raise BackendUnavailable(BackendReason.COLD_START_TIMEOUT, f"{where} did not finish in {timeout:g} s (killed); "
+                                                                   f"stderr tail: {tail(exc.stderr)}") from exc
     except OSError as exc:
-        raise BackendUnavailable("cold_start_failed", f"{where}: cannot start {sys.executable}: {exc}") from exc
+        raise BackendUnavailable(BackendReason.COLD_START_FAILED,
+                                 f"{where}: cannot start {sys.executable}: {exc}") from exc
     report = run.answer if isinstance(run.answer, dict) else None
     if report is None:
-        raise BackendUnavailable("cold_start_failed", f"{where}: the child {run.how_it_ended()} and no result; "
-                                                      f"stderr tail: {run.stderr_tail()}")
+        raise BackendUnavailable(BackendReason.COLD_START_FAILED,
+                                 f"{where}: the child {run.how_it_ended()} and no result; "
+                                 f"stderr tail: {run.stderr_tail()}")
     if "error" in report:
         raise _child_error(report, where)
     report["process_ms"] = run.elapsed_ms

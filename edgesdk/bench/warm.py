@@ -126,7 +126,7 @@ def measure_backend(bundle_path: str, engine: str, device: str, artifact: str, o
     placement = model.placement
     if (placement.engine, placement.artifact) != (engine, artifact):  # a guard: fallback=False rules this out
         model.close()
-        raise BackendUnavailable("not_placed", f"asked for {engine}:{device}:{artifact}, load placed it on "
+        raise BackendUnavailable(BackendReason.NOT_PLACED, f"asked for {engine}:{device}:{artifact}, load placed it on "
                                  f"{placement.engine}:{placement.device}:{placement.artifact}")
     row: dict[str, Any] = {"engine": engine, "device": placement.device, "kind": placement.kind,
                            "artifact": artifact, "precision": placement.precision,
@@ -298,7 +298,8 @@ def child_answer(module: str, args: dict, what: str) -> dict:
         run = run_child(f"from {module} import _child_main\n_child_main(ARGS, answer)\n", args,
                         timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("bench_timeout", f"the {what} child did not finish in {CHILD_TIMEOUT_S} s") \
+        raise BackendUnavailable(BackendReason.BENCH_TIMEOUT,
+                                 f"the {what} child did not finish in {CHILD_TIMEOUT_S} s") \
             from exc
     if run.returncode != 0 or not isinstance(run.answer, dict) or "error" in run.answer:
         err = run.answer if isinstance(run.answer, dict) else {}

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from ..atomic_file import write_json_atomic
+from ..choices import BudgetReason
 from ..errors import BudgetExceeded
 from ..user_cache import cache_dir
 
@@ -108,7 +109,7 @@ def check_fits(label: str, needed_mb: float, limit: MemoryLimit, in_use_mb: floa
     available = limit.limit_mb - in_use
     if needed_mb > available:
         raise BudgetExceeded(
-            "memory",
+            BudgetReason.MEMORY,
             f"loading {label} needs ~{needed_mb:.1f} MB; the limit is {limit.limit_mb:.0f} MB ({limit.source}) and "
             f"the process already uses {in_use:.0f} MB, so {max(available, 0):.1f} MB are available",
             needed=round(needed_mb, 2), available=round(max(available, 0.0), 2))

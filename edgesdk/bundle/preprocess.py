@@ -18,7 +18,6 @@ of that resize, which maps the model's boxes, points and masks back to the image
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..numbers import is_number
 from ..tasks.geometry import Transform
 from ..tomlfile import read_toml
 
@@ -65,12 +65,12 @@ class Preprocess:
             raise InputError(f"preprocess 'resample' must be one of {', '.join(_RESAMPLE)}, got {self.resample!r}")
         if self.dtype != "float32":
             raise InputError(f"preprocess 'dtype' must be 'float32', got {self.dtype!r}")
-        if not _is_number(self.scale) or not math.isfinite(self.scale) or self.scale == 0:
+        if not is_number(self.scale) or self.scale == 0:
             raise InputError(f"preprocess 'scale' must be a finite non-zero number, got {self.scale!r}")
         for key in ("mean", "std"):
             value = getattr(self, key)
             values = tuple(value) if _is_seq(value) else (value,)
-            if not all(_is_number(v) and math.isfinite(v) for v in values):
+            if not all(is_number(v) for v in values):
                 raise InputError(f"preprocess '{key}' must be a number or a list of numbers, got {value!r}")
             values = tuple(float(v) for v in values)
             if len(values) not in (1, self.channels):
@@ -83,7 +83,7 @@ class Preprocess:
         if self.resize not in _RESIZE:
             raise InputError(f"preprocess 'resize' must be one of {', '.join(_RESIZE)}, got {self.resize!r}")
         pad = tuple(self.pad_value) if _is_seq(self.pad_value) else (self.pad_value,)
-        if not pad or not all(_is_number(v) and 0 <= v <= 255 for v in pad):  # 0 <= nan is False
+        if not pad or not all(is_number(v) and 0 <= v <= 255 for v in pad):
             raise InputError(f"preprocess 'pad_value' must be a pixel value in [0, 255] or a list of them, "
                              f"got {self.pad_value!r}")
         if len(pad) not in (1, self.channels):
@@ -210,10 +210,6 @@ class Preprocess:
 
 def _is_seq(value: Any) -> bool:
     return isinstance(value, (list, tuple))
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _to_pil(image: Any):

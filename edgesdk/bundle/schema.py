@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..choices import TaskType
 from ..errors import BundleError, InputError
 # the checkers (_show: also the bundle readers' way to quote a value)
 from .specs import Bool, Int, ListOf, MapOf, Nullable, Num, Obj, OneOf, Rule, Scalar, Spec, Str, _show  # noqa: F401
@@ -469,7 +470,7 @@ def _anchors_fit(spec: Any, manifest: dict[str, Any]) -> list[str]:
     from ..tasks.detection import anchor_count
     from ..tasks.geometry import input_image_size
 
-    if spec.type != "detection" or spec.params["format"] != "anchors":
+    if spec.type != TaskType.DETECTION or spec.params["format"] != "anchors":
         return []
     pre = manifest.get("preprocess") or {}
     size = tuple(pre["size"]) if pre.get("size") else input_image_size(manifest["inputs"][0]["shape"])

@@ -5,9 +5,10 @@ where, so one pass over a manifest names every problem with its JSON path."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any, Callable
+
+from ..numbers import is_number
 
 # control characters, line breaks, bidi overrides and lone surrogates: never in a name shown on a terminal
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -16,10 +17,6 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-
 # -- helpers ------------------------------------------------------------------------
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _join(path: str, key: Any) -> str:
@@ -93,7 +90,7 @@ class Num(Spec):
         self.low, self.high, self.expected = low, high, expected
 
     def accepts(self, value):
-        return (_is_number(value) and math.isfinite(value) and (self.low is None or value >= self.low)
+        return (is_number(value) and (self.low is None or value >= self.low)
                 and (self.high is None or value <= self.high))
 
 
@@ -103,7 +100,7 @@ class Scalar(Spec):
     expected = "a number or true/false"
 
     def accepts(self, value):
-        return isinstance(value, bool) or (_is_number(value) and math.isfinite(value))
+        return isinstance(value, bool) or is_number(value)
 
 
 class Bool(Spec):

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from ..choices import BudgetReason, TaskType
 from ..errors import BudgetExceeded, InputError
 from ..tasks.geometry import Transform, input_image_size
 from ..tasks.results import Decoded
@@ -57,7 +58,7 @@ class BundleIO:
         self.output_names = self._output_names = [t["name"] for t in bundle.manifest["outputs"]]
         # a classifier's scores: the output its task names (not always the first), softmax and top-k as its task
         # says (a bundle from before tasks: as its postprocess says)
-        self._classifier = self.task.type == "classification"
+        self._classifier = self.task.type == TaskType.CLASSIFICATION
         self._scores_at = (self.task.output_index("scores", self._output_names) or 0) if self._classifier else 0
         post = self.task.params if self._classifier and bundle.manifest.get("task") else \
             (bundle.manifest.get("postprocess") or {})
@@ -244,8 +245,9 @@ class BundleIO:
         if self._memory_room_mb is not None and needed > 1.0:  # a small image costs less than measuring the RSS
             room = self._memory_room_mb()
             if needed > room:
-                raise BudgetExceeded("memory", f"{where}decoding a {w}x{h} image needs ~{needed:.1f} MB; the memory "
-                                               f"budget leaves {max(room, 0.0):.1f} MB",
+                raise BudgetExceeded(BudgetReason.MEMORY,
+                                     f"{where}decoding a {w}x{h} image needs ~{needed:.1f} MB; the memory "
+                                     f"budget leaves {max(room, 0.0):.1f} MB",
                                      needed=round(needed, 2), available=round(max(room, 0.0), 2))
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from ..choices import ResultSource
 from ..errors import BackendUnavailable, BudgetExceeded, CloudError, EdgeSDKError, InputError
 
 
@@ -39,7 +40,8 @@ def answer_line(label: str, result: Any, output_names: list[str], placement: Any
     notes = [f"{result.timings_ms.get('inference', result.timings_ms.get('cloud', 0.0)):.3f} ms"]
     if action:
         notes.append(action)
-    if result.source == "device" and placement is not None and _backend(result.placement) != _backend(placement):
+    if result.source == ResultSource.DEVICE and placement is not None \
+            and _backend(result.placement) != _backend(placement):
         notes.append(f"on {_backend(result.placement)}")
     if result.escalation_reason:
         notes.append(f"escalated: {result.escalation_reason}")
@@ -56,7 +58,7 @@ def json_row(label: str, result: Any, cloud: str | None, drawn: str | None, draw
     if isinstance(result, EdgeSDKError):
         return {"input": label, "source": None, "top": [], "error": result.to_dict()}
     row = {"input": label, **result.to_dict()}
-    if result.source == "cloud":
+    if result.source == ResultSource.CLOUD:
         row["backend"] = cloud
     if drawn is not None:
         row["drawn"] = drawn

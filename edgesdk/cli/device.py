@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, InputError
 from ._app import app
 
@@ -172,7 +173,8 @@ def bench(
     elif all_backends:
         chosen, _ = viable_backends(bundle, allow_failed)
         if not chosen:
-            raise BackendUnavailable("no_candidate", f"no installed engine can run any artifact of {bundle}")
+            raise BackendUnavailable(BackendReason.NO_CANDIDATE,
+                                     f"no installed engine can run any artifact of {bundle}")
 
     bar = None
     if not quiet and sys.stderr.isatty():

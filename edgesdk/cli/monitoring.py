@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import typer
 
+from ..choices import HybridMode
 from ..errors import InputError
 from ._app import app
 
@@ -190,7 +191,7 @@ def open_run_sink(path: Path, mode: str) -> RunSink:
     """The sink of ``run --monitor PATH``, opened (for appending, its folder made) before the model loads and before
     any prediction: a path that cannot be written is refused here (:class:`InputError`, exit 2), not found out
     after the answers."""
-    if mode == "cloud-only":
+    if mode == HybridMode.CLOUD_ONLY:
         raise InputError("--monitor watches the device model; --mode cloud-only loads none")
     return RunSink(path)
 

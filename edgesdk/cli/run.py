@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from ..choices import BudgetAction, HybridMode
 from ..errors import BackendUnavailable, BudgetExceeded, CloudError, InputError
 from ._app import app
 from .inputs import MAX_SAMPLES_PER_FILE
@@ -89,7 +90,7 @@ def run(
     if len(unreadable) == len(items):
         raise unreadable[0]
     governor = _governor(thermal_root, profile) if thermal_root is not None else None
-    hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != "device-only" or cloud else {}
+    hybrid = {"mode": mode, "cloud": cloud, "token_env": token_env} if mode != HybridMode.DEVICE_ONLY or cloud else {}
     sink, monitoring = None, {}
     if monitor_file is not None:
         from .monitoring import open_run_sink, run_options
@@ -182,7 +183,7 @@ class _JsonRun:
         self.model, self.cloud = model, cloud
         self.device = getattr(model, "device", model)
         head = {"placement": self.device.placement.to_dict() if self.device is not None else None}
-        if mode != "device-only":
+        if mode != HybridMode.DEVICE_ONLY:
             head["hybrid"] = {"mode": mode, "cloud": cloud, "threshold": model.policy.threshold,
                               "signal": model.policy.signal,
                               "device_error": str(model.device_error) if model.device_error else None}
@@ -216,7 +217,7 @@ class _TextRun:
         device_model = getattr(model, "device", model)
         self.placement = device_model.placement if device_model is not None else None
         self.output_names = [o["name"] for o in model.bundle.manifest["outputs"]]
-        if mode != "device-only":
+        if mode != HybridMode.DEVICE_ONLY:
             policy = model.policy
             when = (f"when {policy.signal} crosses {policy.threshold:g}" if policy.signal is not None else
                     "only on out-of-range input: this task has no confidence signal")
@@ -238,7 +239,7 @@ class _TextRun:
                 self.say(f"  precision: {choice['chosen']} ({seen}; int8/fp32 {choice['ratio']}; "
                          f"{choice['method']})")
             mem = device_model.budget.get("memory", {})
-            switched = device_model.budget.get("action") == "artifact_switched"
+            switched = device_model.budget.get("action") == BudgetAction.ARTIFACT_SWITCHED
             self.say(f"  memory: model ~{mem.get('model_mb')} MB, limit {mem.get('limit_mb')} MB "
                      f"({mem.get('source')}){', artifact switched to fit' if switched else ''}")
             for s in pl.skipped:

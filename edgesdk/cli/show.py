@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..choices import TaskType
 from ..errors import InputError
 from ..tasks.results import Decoded
 
@@ -44,7 +45,7 @@ def describe(decoded: Decoded) -> str | None:
     if decoded.embedding is not None:
         e = decoded.embedding
         return f"embedding of {e.size} values, norm {float(np.linalg.norm(e)):.4f}"
-    if decoded.values is not None and decoded.task in ("regression", "probability"):
+    if decoded.values is not None and decoded.task in (TaskType.REGRESSION, TaskType.PROBABILITY):
         v = np.asarray(decoded.values).reshape(-1)
         head = ", ".join(f"{x:.4g}" for x in v[:6])
         return f"{decoded.task} {head}{' ...' if v.size > 6 else ''}"

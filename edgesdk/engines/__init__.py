@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata as md
 from pathlib import Path
 
+from ..choices import BackendReason
 from ..errors import BackendUnavailable
 from .base import KINDS, Device, Discovery, Engine, TensorSpec
 
@@ -61,13 +62,15 @@ def engine_class(name: str) -> type[Engine]:
     if name in _EXTRA:
         return _EXTRA[name]
     if name not in _BACKENDS:
-        raise BackendUnavailable("engine_unknown", f"unknown engine {name!r} (known: {', '.join(_BACKENDS)})")
+        raise BackendUnavailable(BackendReason.ENGINE_UNKNOWN,
+                                 f"unknown engine {name!r} (known: {', '.join(_BACKENDS)})")
     module_name, dists = _BACKENDS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendUnavailable(
-            "engine_missing", f"engine {name!r} is not installed (pip install 'edgesdk[{name}]'; provided by {', '.join(dists)})"
+            BackendReason.ENGINE_MISSING,
+            f"engine {name!r} is not installed (pip install 'edgesdk[{name}]'; provided by {', '.join(dists)})"
         ) from exc
     return module.BACKEND
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..choices import CacheState, Performance
+from ..choices import BackendReason, CacheState, Performance
 from ..errors import BackendUnavailable, InputError
 from ..lifecycle import Closeable
 
@@ -113,8 +113,9 @@ class Engine(Closeable, ABC):
                  performance: str = "latency", digests: Sequence[str] = ()):
         self.model_path = Path(model_path)
         if self.suffixes and self.model_path.suffix.lower() not in self.suffixes:
-            raise BackendUnavailable("unsupported_artifact", f"{self.name} runs {', '.join(self.suffixes)} files, "
-                                                             f"not {self.model_path.name}")
+            raise BackendUnavailable(BackendReason.UNSUPPORTED_ARTIFACT,
+                                     f"{self.name} runs {', '.join(self.suffixes)} files, "
+                                     f"not {self.model_path.name}")
         if performance not in PERFORMANCE:
             raise InputError(f"performance must be one of {', '.join(PERFORMANCE)}, got {performance!r}")
         self.device = device

@@ -97,7 +97,8 @@ class LiteRTEngine(Engine):
     def __init__(self, model_path, **options):
         super().__init__(model_path, **options)
         if self.device not in ("CPU", "GPU", "NPU"):
-            raise BackendUnavailable("device_missing", f"litert has no device {self.device!r} (CPU, GPU, NPU)")
+            raise BackendUnavailable(BackendReason.DEVICE_MISSING,
+                                     f"litert has no device {self.device!r} (CPU, GPU, NPU)")
         self._interp = self._compiled = None
         self._fully = None
         if self.device == "CPU":
@@ -121,8 +122,8 @@ class LiteRTEngine(Engine):
             self.outputs = [_tensor_spec(d) for d in self._out]
         except Exception as exc:  # ValueError, RuntimeError, UnicodeDecodeError... from the interpreter
             self._interp = None
-            raise BackendUnavailable("load_failed", f"LiteRT cannot load {self.model_path.name}: "
-                                                    f"{type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED, f"LiteRT cannot load {self.model_path.name}: "
+                                                                f"{type(exc).__name__}: {exc}") from exc
         self._in_buf = [np.empty(tuple(d["shape"]), np.float32) if q else None for d, q in zip(self._in, self._in_q)]
 
     def _open_compiled(self) -> None:
@@ -130,19 +131,20 @@ class LiteRTEngine(Engine):
             from ai_edge_litert.compiled_model import CompiledModel
             from ai_edge_litert.hardware_accelerator import HardwareAccelerator
         except ImportError as exc:  # tflite-runtime has no CompiledModel
-            raise BackendUnavailable("device_missing", f"{_PACKAGE} here has no LiteRT accelerator API "
-                                                       f"(CompiledModel) for {self.device}") from exc
+            raise BackendUnavailable(BackendReason.DEVICE_MISSING, f"{_PACKAGE} here has no LiteRT accelerator API "
+                                                                   f"(CompiledModel) for {self.device}") from exc
 
         accel = HardwareAccelerator.GPU if self.device == "GPU" else HardwareAccelerator.NPU
         if self.device == "NPU" and not _npu_node():
             # Without a device, LiteRT's NPU accelerator reports every op as "not accelerated".
-            raise BackendUnavailable("device_missing", f"litert: no NPU device node here ({', '.join(_NPU_NODES)})")
+            raise BackendUnavailable(BackendReason.DEVICE_MISSING,
+                                     f"litert: no NPU device node here ({', '.join(_NPU_NODES)})")
         try:
             # The accelerator alone, no CPU in the set: a partial placement fails instead of hiding.
             self._compiled = CompiledModel.from_file(str(self.model_path), hardware_accel=accel)
         except (ValueError, UnicodeDecodeError) as exc:  # the file itself, not the accelerator
-            raise BackendUnavailable("load_failed", f"LiteRT cannot load {self.model_path.name}: "
-                                                    f"{type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED, f"LiteRT cannot load {self.model_path.name}: "
+                                                                f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:
             text = str(exc)
             reason = BackendReason.UNSUPPORTED_OPS if "not accelerated" in text else BackendReason.DEVICE_MISSING
@@ -159,10 +161,11 @@ class LiteRTEngine(Engine):
             self.outputs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"]) for d in outs.values()]
         except Exception as exc:  # a damaged model can compile and still fail to describe itself
             self._compiled = None
-            raise BackendUnavailable("load_failed", f"LiteRT {self.device} cannot read the signature of "
-                                                    f"{self.model_path.name}: {type(exc).__name__}: {exc}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED,
+                                     f"LiteRT {self.device} cannot read the signature of "
+                                     f"{self.model_path.name}: {type(exc).__name__}: {exc}") from exc
         if any(s.dtype != "float32" for s in self.inputs + self.outputs):
-            raise BackendUnavailable("unsupported_artifact",
+            raise BackendUnavailable(BackendReason.UNSUPPORTED_ARTIFACT,
                                      f"LiteRT {self.device} path takes float I/O; {self.model_path.name} has integer I/O")
         self._in_bufs = self._compiled.create_input_buffers(0)
         self._out_bufs = self._compiled.create_output_buffers(0)

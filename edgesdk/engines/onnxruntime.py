@@ -132,8 +132,8 @@ class OnnxRuntimeEngine(Engine):
             self.inputs = [_spec(a) for a in self._session.get_inputs()]
             self.outputs = [_spec(a) for a in self._session.get_outputs()]
         except Exception as exc:  # a damaged model can load and still not describe itself (e.g. a non-UTF-8 name)
-            raise BackendUnavailable("load_failed", f"ONNX Runtime cannot describe {self.model_path.name}: "
-                                                    f"{exc}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED, f"ONNX Runtime cannot describe {self.model_path.name}: "
+                                                                f"{exc}") from exc
         self._in_names = [s.name for s in self.inputs]
 
     def _session_options(self, provider: str) -> ort.SessionOptions:
@@ -227,8 +227,8 @@ class OnnxRuntimeEngine(Engine):
                 return "CPUExecutionProvider"
             if match:
                 return match[0]
-        raise BackendUnavailable("device_missing", f"onnxruntime has no execution provider {device!r} here "
-                                                   f"(available: {', '.join(available)})")
+        raise BackendUnavailable(BackendReason.DEVICE_MISSING, f"onnxruntime has no execution provider {device!r} here "
+                                                               f"(available: {', '.join(available)})")
 
     def run_prepared(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         return self._session.run(None, dict(zip(self._in_names, feeds)))

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from ..choices import CacheState
+from ..choices import BackendReason, CacheState
 from ..errors import BackendUnavailable
 from ..file_digest import sha256_file
 from .base import KINDS, Device, Discovery, Engine, TensorSpec, cache_key, host_cpu
@@ -110,13 +110,14 @@ class OpenVINOEngine(Engine):
             # OpenVINO picks its reader by content: an ONNX file named .xml would load (with any external data).
             # A damaged file gets OpenVINO's own refusal; one it can read as another format gets ours.
             self._read()
-            raise BackendUnavailable("load_failed", f"{self.model_path.name} is not an OpenVINO IR (XML); "
-                                                    "OpenVINO would read it as another model format")
+            raise BackendUnavailable(BackendReason.LOAD_FAILED, f"{self.model_path.name} is not an OpenVINO IR (XML); "
+                                                                "OpenVINO would read it as another model format")
         available = core().available_devices
         if self.device not in available and self.device.split(".")[0] not in ("AUTO", "HETERO", "MULTI"):
             why = next((n for n in self.discover().notes if n.startswith(self.device.split(".")[0])), "")
-            raise BackendUnavailable("device_missing", f"OpenVINO has no device {self.device!r} here "
-                                                       f"(available: {', '.join(available)}){'; ' + why if why else ''}")
+            raise BackendUnavailable(BackendReason.DEVICE_MISSING,
+                                     f"OpenVINO has no device {self.device!r} here "
+                                     f"(available: {', '.join(available)}){'; ' + why if why else ''}")
         config: dict[str, str] = {"PERFORMANCE_HINT": self.performance.upper()}
         if self.precision_hint:
             # On AMX CPUs the default hint is bf16: an honest fp32 reference must ask for f32.
@@ -135,8 +136,8 @@ class OpenVINOEngine(Engine):
             self.outputs = [_spec(p) for p in self._compiled.outputs]
         except Exception as exc:
             self.close()
-            raise BackendUnavailable("load_failed", f"OpenVINO cannot describe {self.model_path.name}: "
-                                                    f"{_first_line(exc)}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED, f"OpenVINO cannot describe {self.model_path.name}: "
+                                                                f"{_first_line(exc)}") from exc
 
     def _read(self) -> ov.Model:
         # OpenVINO raises RuntimeError for what it checks, and UnicodeDecodeError (from its Python layer) for
@@ -144,15 +145,16 @@ class OpenVINOEngine(Engine):
         try:
             return core().read_model(str(self.model_path))
         except Exception as exc:
-            raise BackendUnavailable("load_failed", f"OpenVINO cannot read {self.model_path.name}: {_first_line(exc)}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED,
+                                     f"OpenVINO cannot read {self.model_path.name}: {_first_line(exc)}") from exc
 
     def _compile(self, config: dict[str, str]) -> ov.CompiledModel:
         model = self._read()
         try:
             return core().compile_model(model, self.device, config)
         except Exception as exc:
-            raise BackendUnavailable("compile_failed", f"OpenVINO cannot compile {self.model_path.name} on "
-                                                       f"{self.device}: {_first_line(exc)}") from exc
+            raise BackendUnavailable(BackendReason.COMPILE_FAILED, f"OpenVINO cannot compile {self.model_path.name} on "
+                                                                   f"{self.device}: {_first_line(exc)}") from exc
 
     def _compile_cached(self, config: dict[str, str]) -> ov.CompiledModel | None:
         """Compile through OpenVINO's model cache (``CACHE_DIR``); None when the cache cannot be used.

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..choices import BackendReason, CloudReason, EscalationReason, EscalationSkip, HybridMode
+from ..choices import BackendReason, CloudReason, EscalationReason, EscalationSkip, HybridMode, TaskType
 from ..errors import BackendUnavailable, BudgetExceeded, BundleError, CloudError, CloudTimeout, InputError
 from ..lifecycle import Closeable
 from ..result import Result
@@ -156,7 +156,8 @@ class EscalationPolicy:
         """This policy with its signal (the task's usual one) and threshold filled in from the bundle's
         calibration, else the default. A signal the bundle's task does not give is an :class:`InputError`."""
         kind = str((manifest.get("task") or {}).get("type") or (
-            "classification" if (manifest.get("postprocess") or {}).get("type") == "classification" else "raw"))
+            TaskType.CLASSIFICATION if (manifest.get("postprocess") or {}).get("type") == TaskType.CLASSIFICATION
+            else TaskType.RAW))
         if self.signal is None:
             calibrated = (manifest.get("hybrid") or {}).get("signal")
             if calibrated is not None and calibrated not in SIGNALS:
@@ -169,9 +170,9 @@ class EscalationPolicy:
                                  f"none: use max_per_minute or max_rate alone")
             # a task with no hardness signal (landmarks, embedding, raw): only out-of-range inputs escalate
             return self if signal is None else replace(self, signal=signal).resolved(manifest)
-        given_by = ("classification",) if self.signal in CLASSIFICATION_SIGNALS else \
+        given_by = (str(TaskType.CLASSIFICATION),) if self.signal in CLASSIFICATION_SIGNALS else \
             tuple(str(t) for t in TASK_SIGNALS[self.signal][0])
-        if kind != "raw" and kind not in given_by:
+        if kind != TaskType.RAW and kind not in given_by:
             raise InputError(f"escalation signal {self.signal!r} is a {'/'.join(given_by)} signal; this bundle's task "
                              f"is {kind} (its signal: {DEFAULT_SIGNAL.get(kind, 'none')})")
         if self.threshold is not None:
@@ -347,7 +348,7 @@ class HybridModel(Closeable):
         """The hardness signals of a device ``result``: a classifier's (top-1 probability, margin, entropy) or the
         bundle's task's (:mod:`edgesdk.tasks.hardness`), and the clipped share of ``feeds``."""
         sig = signals(self._io.probabilities(result.outputs), feeds, self._ranges)
-        if self._io.task.type not in ("classification", "raw"):
+        if self._io.task.type not in (TaskType.CLASSIFICATION, TaskType.RAW):
             sig.update(task_signals(self._io.task, result.decoded, result.outputs, self._io.output_names))
         return sig
 

@@ -11,6 +11,7 @@ import math
 
 from ..bundle.reader import Artifact, Bundle
 from ..engines import engine_version
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, BundleError
 
 
@@ -35,7 +36,8 @@ def serving_artifact(bundle: Bundle, installed_only: bool = True) -> Artifact:
     runnable = [a for a in floats if engine_version(a.engine) is not None] if installed_only else floats
     if not runnable:
         engines = ", ".join(sorted({a.engine for a in floats}))
-        raise BackendUnavailable("engine_missing", f"bundle {bundle.name!r} has float artifacts for {engines}, "
+        raise BackendUnavailable(BackendReason.ENGINE_MISSING,
+                                 f"bundle {bundle.name!r} has float artifacts for {engines}, "
                                  f"and none of these engines is installed (pip install 'edgesdk[{floats[0].engine}]')")
     validation = bundle.manifest.get("validation") or {}
     reference = (bundle.manifest.get("golden") or {}).get("reference")

@@ -59,6 +59,7 @@ import importlib
 from pathlib import Path
 from edgesdk.bundle.reader import read_golden
 from edgesdk.engines import open_engine, register_backend
+from edgesdk.choices import BackendReason
 from edgesdk.errors import BackendUnavailable, EdgeSDKError
 from edgesdk.runtime.numerics import golden_feeds
 
@@ -83,7 +84,7 @@ try:
             except EdgeSDKError:
                 raise
             except Exception as exc:  # as the numerics check reports it in the parent
-                raise BackendUnavailable("run_failed", f"failed on golden input {i}: {exc}") from exc
+                raise BackendUnavailable(BackendReason.RUN_FAILED, f"failed on golden input {i}: {exc}") from exc
     finally:
         engine.close()
 except EdgeSDKError as exc:
@@ -113,16 +114,18 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
     try:
         run = run_child(_CHILD, args, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} did not finish in "
-                                                          f"{timeout:g} s (killed); stderr: {tail(exc.stderr)}") from exc
+        raise BackendUnavailable(BackendReason.ISOLATED_PROBE_FAILED,
+                                 f"the isolated probe of {where} did not finish in "
+                                 f"{timeout:g} s (killed); stderr: {tail(exc.stderr)}") from exc
     except OSError as exc:
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} could not start "
-                                                          f"{sys.executable}: {exc}") from exc
+        raise BackendUnavailable(BackendReason.ISOLATED_PROBE_FAILED, f"the isolated probe of {where} could not start "
+                                                                      f"{sys.executable}: {exc}") from exc
     verdict = run.answer
     if run.returncode != 0 or not isinstance(verdict, dict):
         ended = run.how_it_ended().replace("without an answer", "without a verdict")
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} ({art.model_path.name}) "
-                                                          f"{ended}; stderr: {run.stderr_tail()}")
+        raise BackendUnavailable(BackendReason.ISOLATED_PROBE_FAILED,
+                                 f"the isolated probe of {where} ({art.model_path.name}) "
+                                 f"{ended}; stderr: {run.stderr_tail()}")
     if "error" in verdict:
         detail = f"{where} (isolated probe): {verdict.get('detail') or ''}"
         if verdict["error"] == "BackendUnavailable":
@@ -130,7 +133,7 @@ def probe(bundle: Bundle, artifact_id: str, engine: str, options: dict[str, Any]
                                      or BackendReason.ISOLATED_PROBE_FAILED, detail)
         if verdict["error"] == "BundleError":
             raise BundleError(detail)
-        raise BackendUnavailable("isolated_probe_failed", f"{detail} ({verdict['error']})")
+        raise BackendUnavailable(BackendReason.ISOLATED_PROBE_FAILED, f"{detail} ({verdict['error']})")
     return run.elapsed_ms
 
 
@@ -140,7 +143,8 @@ def _plugin(engine: str, where: str) -> dict[str, str] | None:
         return None
     backend = engine_class(engine)
     if backend.__module__ == "__main__" or "<locals>" in backend.__qualname__:
-        raise BackendUnavailable("isolated_probe_failed", f"the isolated probe of {where} cannot import backend "
-                                                          f"{backend.__qualname__} (defined in {backend.__module__}; "
-                                                          "register a class from an importable module)")
+        raise BackendUnavailable(BackendReason.ISOLATED_PROBE_FAILED,
+                                 f"the isolated probe of {where} cannot import backend "
+                                 f"{backend.__qualname__} (defined in {backend.__module__}; "
+                                 "register a class from an importable module)")
     return {"module": backend.__module__, "qualname": backend.__qualname__}

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..bundle.reader import Bundle
 from ..engines import Engine
+from ..choices import BackendReason
 from ..errors import BackendUnavailable, BundleError, EdgeSDKError, InputError
 
 
@@ -80,20 +81,23 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
         try:
             outs = run_as_given(engine, feeds)
         except InputError as exc:  # the artifact does not take the bundle's own inputs: it is not this bundle's model
-            raise BackendUnavailable("numerics_mismatch", f"{where} does not take the bundle's golden input {i}: "
-                                                          f"{exc}") from exc
+            raise BackendUnavailable(BackendReason.NUMERICS_MISMATCH,
+                                     f"{where} does not take the bundle's golden input {i}: "
+                                     f"{exc}") from exc
         except EdgeSDKError:
             raise
         except Exception as exc:  # a delegate that throws at its first run is a broken backend, not a crash
-            raise BackendUnavailable("run_failed", f"{where} failed on golden input {i}: {exc}") from exc
+            raise BackendUnavailable(BackendReason.RUN_FAILED, f"{where} failed on golden input {i}: {exc}") from exc
         if len(outs) < n_out:
-            raise BackendUnavailable("numerics_mismatch", f"{where} returned {len(outs)} outputs; the bundle has {n_out}")
+            raise BackendUnavailable(BackendReason.NUMERICS_MISMATCH,
+                                     f"{where} returned {len(outs)} outputs; the bundle has {n_out}")
         for j in range(n_out):
             ref = refs[i][j]
             got = np.asarray(outs[j], dtype=np.float32)
             if got.size != ref.size:
-                raise BackendUnavailable("numerics_mismatch", f"{where} output {j} has shape {list(got.shape)}; "
-                                                              f"the golden output has {list(ref.shape)}")
+                raise BackendUnavailable(BackendReason.NUMERICS_MISMATCH,
+                                         f"{where} output {j} has shape {list(got.shape)}; "
+                                         f"the golden output has {list(ref.shape)}")
             got = got.reshape(ref.shape)
             finite = bool(np.all(np.isfinite(got)))
             gap = np.abs(got - ref)
@@ -103,12 +107,12 @@ def check(engine: Engine, bundle: Bundle, artifact_id: str) -> dict[str, Any]:
             if not err <= tolerances[j]:
                 whose = "that output's own" if each is not None else "one for every output"
                 raise BackendUnavailable(
-                    "numerics_mismatch",
+                    BackendReason.NUMERICS_MISMATCH,
                     f"{where} is off by {err:.4g} on golden input {i} output {j} ({names[j]!r}; tolerance "
                     f"{tolerances[j]:.4g}, {whose})")
             if each_mean is not None and not mean <= each_mean[j]:
                 raise BackendUnavailable(
-                    "numerics_mismatch",
+                    BackendReason.NUMERICS_MISMATCH,
                     f"{where} is off by {mean:.4g} on average on golden input {i} output {j} ({names[j]!r}; mean "
                     f"tolerance {float(each_mean[j]):.4g}, that output's own): the output moved as a whole")
     result = {"checked": True, "max_abs_error": max(worst, default=0.0),

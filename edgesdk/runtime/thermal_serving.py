@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ..budgets.thermal.governor import Plan, describe
+from ..choices import BudgetAction, BudgetReason
 from ..engines import Engine
 from ..errors import BudgetExceeded
 from ..frozen import FrozenDict, freeze
@@ -92,8 +93,9 @@ class ThermalServing:
         if plan is not self._plan:
             if plan.escalate:
                 # The hook for hybrid mode: until a cloud endpoint exists, escalating means not serving here.
-                raise BudgetExceeded("thermal", f"the device is {plan.level} and the governor escalates, but no "
-                                                "cloud endpoint is configured; local inference is refused",
+                raise BudgetExceeded(BudgetReason.THERMAL,
+                                     f"the device is {plan.level} and the governor escalates, but no "
+                                     "cloud endpoint is configured; local inference is refused",
                                      needed=plan.temperature_c)
             self._follow(plan)
         if deferred_s:
@@ -153,7 +155,7 @@ class ThermalServing:
         thermal = describe(plan, paced_s, deferred_s)
         switched = self._now != self._home
         actions = ["artifact_switched"] if switched else []
-        actions += [a for a in thermal["actions"] if a in ("deferred", "paced")]
+        actions += [a for a in thermal["actions"] if a in (BudgetAction.DEFERRED, BudgetAction.PACED)]
         if self._threads_now != self._base_threads:
             actions.append("threads_reduced")
         thermal.update(actions=actions, action=actions[0] if actions else None, artifact_now=self._now.artifact,

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..choices import BudgetReason
 from ..errors import BudgetExceeded, InputError
 from .geometry import Transform
 from .outputs import label_of, output_name, role_output, sigmoid, softmax
@@ -119,8 +120,9 @@ def _check_room(size: tuple[int, int], per_pixel: float, memory_room_mb: Callabl
     if memory_room_mb is not None and needed > 1.0:  # small masks cost less than measuring the RSS
         room = memory_room_mb()
         if needed > room:
-            raise BudgetExceeded("memory", f"masks of a {ow}x{oh} image need ~{needed:.1f} MB; the memory budget "
-                                           f"leaves {max(room, 0.0):.1f} MB",
+            raise BudgetExceeded(BudgetReason.MEMORY,
+                                 f"masks of a {ow}x{oh} image need ~{needed:.1f} MB; the memory budget "
+                                 f"leaves {max(room, 0.0):.1f} MB",
                                  needed=round(needed, 2), available=round(max(room, 0.0), 2))
 
 

@@ -289,7 +289,7 @@ def task_of(manifest: Mapping[str, Any]) -> TaskSpec:
     if table:
         return TaskSpec.from_dict(table).resolved(names)
     post = manifest.get("postprocess") or {}
-    if post.get("type") == "classification" and names:
+    if post.get("type") == TaskType.CLASSIFICATION and names:
         return TaskSpec.make(TaskType.CLASSIFICATION, {"scores": names[0]}, softmax=bool(post.get("softmax")))
     return TaskSpec.make(TaskType.RAW)
 

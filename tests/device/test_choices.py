@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from edgesdk import BackendUnavailable, BudgetExceeded, InputError, RuntimeOptions
-from edgesdk.choices import (BackendReason, BudgetReason, CacheState, CloudReason, CriticalMode, EscalationReason,
-                             EscalationSkip, HybridMode, InstallStep, Performance, Policy, SpeedCheck, StoreReason,
-                             VersionState)
+from edgesdk.budgets.thermal import LEVELS
+from edgesdk.choices import (BackendReason, BudgetAction, BudgetReason, CacheState, CloudReason, CriticalMode,
+                             EscalationReason, EscalationSkip, HybridMode, InstallStep, Performance, Policy,
+                             ResultSource, SpeedCheck, StoreReason, TaskType, ThermalLevel, VersionState)
 from edgesdk.errors import CloudError
 from edgesdk.hybrid.model import HybridOptions
 from edgesdk.runtime.placement import Candidate, Placement, Skip
@@ -224,6 +225,13 @@ def test_enum_module_imports_nothing_from_edgesdk():
 
 def test_every_enum_has_distinct_plain_values():
     for enum in (Policy, Performance, SpeedCheck, HybridMode, CriticalMode, BackendReason, BudgetReason, CloudReason,
-                 EscalationReason, CacheState, InstallStep, VersionState, StoreReason):
+                 EscalationReason, CacheState, InstallStep, VersionState, StoreReason, ThermalLevel, TaskType,
+                 ResultSource, BudgetAction):
         values = enum.values()
         assert len(set(values)) == len(values) and all(v == v.strip() and v for v in values)
+
+
+def test_thermal_levels_are_the_enum_in_rising_order():
+    """``LEVELS`` (public, plain strings) is the enum's values, so the governor's comparisons with members hold."""
+    assert LEVELS == ThermalLevel.values() == ("nominal", "warm", "hot", "critical")
+    assert all(type(level) is str for level in LEVELS)

@@ -56,7 +56,7 @@ def profile_model(engine: str, model_path: Path, precision: str, feeds: list, th
     """The op rows of one model file on ``engine``'s CPU, in this process, with ``fast``/``why`` set per row
     (``precision``: the artifact's, fp32 or int8; ``precision_hint``: OpenVINO's, as the artifact records it)."""
     if engine not in PROFILERS:
-        raise BackendUnavailable("unsupported_artifact", f"no op profiler for engine {engine!r}")
+        raise BackendUnavailable(BackendReason.UNSUPPORTED_ARTIFACT, f"no op profiler for engine {engine!r}")
     if engine == "litert":
         from . import litert as profiler
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...choices import BackendReason
 from ...errors import BackendUnavailable
 from .timing import time_call
 
@@ -41,7 +42,7 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
                                  experimental_preserve_all_tensors=True)
         values_run.allocate_tensors()
     except Exception as exc:  # the interpreter's ValueError/RuntimeError on a model it cannot take
-        raise BackendUnavailable("load_failed", f"LiteRT cannot load {model_path.name}: {exc}") from exc
+        raise BackendUnavailable(BackendReason.LOAD_FAILED, f"LiteRT cannot load {model_path.name}: {exc}") from exc
     for run in (whole, values_run):
         for detail, x in zip(run.get_input_details(), feeds):
             run.set_tensor(detail["index"], _as_input(x, detail))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...choices import BackendReason
 from ...errors import BackendUnavailable
 from ...runtime import timing
 from .timing import time_call
@@ -47,7 +48,8 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
         try:
             session = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT's Fail/InvalidGraph/... on a model it cannot take
-            raise BackendUnavailable("load_failed", f"ONNX Runtime cannot load {model_path.name}: {exc}") from exc
+            raise BackendUnavailable(BackendReason.LOAD_FAILED,
+                                     f"ONNX Runtime cannot load {model_path.name}: {exc}") from exc
         names = [i.name for i in session.get_inputs()]
         feed = dict(zip(names, feeds))
         warm = 2

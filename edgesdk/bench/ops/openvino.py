@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...choices import BackendReason
 from ...errors import BackendUnavailable
 from .timing import time_call
 
@@ -33,7 +34,8 @@ def profile(model_path: Path, feeds: list[np.ndarray], threads: int | None, min_
     try:
         compiled = ov.Core().compile_model(str(model_path), "CPU", config)
     except Exception as exc:  # OpenVINO's RuntimeError on a model it cannot read or compile
-        raise BackendUnavailable("compile_failed", f"OpenVINO cannot compile {model_path.name}: {exc}") from exc
+        raise BackendUnavailable(BackendReason.COMPILE_FAILED,
+                                 f"OpenVINO cannot compile {model_path.name}: {exc}") from exc
     request = compiled.create_infer_request()
     feed = {port.any_name: x for port, x in zip(compiled.inputs, feeds)}
     for _ in range(2):

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...choices import CriticalMode
+from ...choices import BudgetReason, CriticalMode, ThermalLevel
 from ...errors import BudgetExceeded, InputError
 from .actions import CRITICAL_MODES, ThermalActions, _number  # noqa: F401  (CRITICAL_MODES: re-exported)
 from .sensors import LEVELS, ThermalReading, ThermalSensor, _RANK, _worst
@@ -169,7 +169,7 @@ class ThermalGovernor:
             self._coolest = min(self._coolest, sorted(self._recent)[len(self._recent) // 2])
         level = _worst(reading.level_hint, None if temperature is None else self._level_for(temperature)) \
             or self.level
-        entered_hot = level == "hot" and _RANK[self.level] < _RANK["hot"]
+        entered_hot = level == ThermalLevel.HOT and _RANK[self.level] < _RANK[ThermalLevel.HOT]
         if level != self.level:
             self.changes.append((now, self.level, level))
             self.level = level
@@ -224,7 +224,7 @@ class ThermalGovernor:
         paced = self._paced_s >= PACED_SHARE * window
         tighter = limit is not None and 1.0 / limit > self._window_fixed_s
         at_limit = tighter and (paced or rate >= 0.9 * limit)
-        if self.level == "nominal":
+        if self.level == ThermalLevel.NOMINAL:
             if temperature < self.limits["warm"] - 2 * self.hysteresis_c:
                 limit = None  # clearly cool: a limit carried down from warm is no longer needed
         elif entered_hot and not idle:
@@ -252,12 +252,12 @@ class ThermalGovernor:
         """Whether the rate limit applies now: at a level whose actions say ``adaptive``, and at nominal while a
         limit carried down from warm still binds (dropping it at once would send the app back to full speed and
         up again, flapping between nominal and warm)."""
-        if self.level == "nominal":
+        if self.level == ThermalLevel.NOMINAL:
             return self._rate_limit is not None and bool(self.actions.warm.get("adaptive"))
         return bool(self._level_actions().get("adaptive"))
 
     def _level_actions(self) -> dict:
-        return getattr(self.actions, self.level) if self.level in ("warm", "hot") else {}
+        return getattr(self.actions, self.level) if self.level in (ThermalLevel.WARM, ThermalLevel.HOT) else {}
 
     def _make_plan(self) -> Plan:
         acts = self._level_actions()
@@ -291,7 +291,7 @@ class ThermalGovernor:
                 if now - self._read_at >= self.min_read_interval_s:
                     self._poll(now)
                 plan = self.plan
-                if plan.level != "critical" and (deadline is None or plan.level != "hot"):
+                if plan.level != ThermalLevel.CRITICAL and (deadline is None or plan.level != ThermalLevel.HOT):
                     start = now if now >= self._last_start + plan.interval_s else self._last_start + plan.interval_s
                     self._last_start = start
                     self._starts += 1
@@ -335,10 +335,12 @@ class ThermalGovernor:
             seen = f"{temperature:.1f} C{f' and level {hint}' if hint else ''} from {reading.source}, " \
                    f"critical limit {critical:g} C"
             what = what or f"local inference is refused until it cools below {critical - self.hysteresis_c:g} C"
-            return BudgetExceeded("thermal", f"the device is {self.level} ({seen}); {what}", needed=temperature,
+            return BudgetExceeded(BudgetReason.THERMAL,
+                                  f"the device is {self.level} ({seen}); {what}", needed=temperature,
                                   available=critical)
         what = what or "local inference is refused until it reports a lower level"
-        return BudgetExceeded("thermal", f"the device is {self.level} ({reading.source} reports level {hint}); {what}")
+        return BudgetExceeded(BudgetReason.THERMAL,
+                              f"the device is {self.level} ({reading.source} reports level {hint}); {what}")
 
     # -- reporting -----------------------------------------------------------------------------------------
     @property

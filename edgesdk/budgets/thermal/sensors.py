@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from ...choices import ThermalLevel
 from ...errors import InputError
 
-LEVELS = ("nominal", "warm", "hot", "critical")
+LEVELS = ThermalLevel.values()  # plain strings, in rising order
 SENSOR_READ_BYTES = 64  # a sensor value is a short line; a longer file is not a sensor (raise: set this module value)
 _RANK = {name: rank for rank, name in enumerate(LEVELS)}
 
