@@ -14,7 +14,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import zoo  # noqa: E402
-from edgesdk_converters.task_metrics import edit_distance  # noqa: E402
+from edgesdk_converters.validation.task_metrics import edit_distance  # noqa: E402
 
 VAL_SEED = 1  # the validation data's seed; calibration data is drawn with another
 

@@ -142,7 +142,7 @@ def held_out(bundle: Path, tmp: Path, seed: int = 2) -> dict[str, str]:
     from edgesdk_converters.sources import open_source
     from edgesdk_converters.targets import Built
     from edgesdk_converters.task_choice import choose_task
-    from edgesdk_converters.validate import validate
+    from edgesdk_converters.validation.validate import validate
 
     x, truth = zoo.text_lines(100, seed=seed)
     np.savez(tmp / "rec-unseen.npz", x=x, texts=np.array(truth))

@@ -6,7 +6,7 @@ Accepted forms (the ``--calib`` / ``--val`` argument, or a Python object):
   images go through the bundle's :class:`~edgesdk.bundle.preprocess.Preprocess`;
 - a ``.npy`` array of preprocessed inputs, shape ``(N, *input_shape[1:])``;
 - a ``.npz`` with array ``x`` (inputs) and optional ``y`` (integer labels), or the ground truth of a detection,
-  segmentation or text task (``boxes`` and ``classes``, ``masks``, ``texts``: :mod:`.task_truth`);
+  segmentation or text task (``boxes`` and ``classes``, ``masks``, ``texts``: :mod:`.validation.task_truth`);
 - a ``.npz`` keyed by input name, one array per input whose first axis is the sample (``state`` of shape
   ``[2, 1, 128]`` as ``(N, 2, 1, 128)``, a scalar input as ``(N,)``; an input whose first dimension is the batch may
   leave it out: ``(N, 512)`` for ``[1, 512]``), with optional ``y`` or truth; or a folder of such ``.npz`` files;
@@ -38,7 +38,7 @@ from edgesdk.engines import TensorSpec
 from edgesdk.errors import CalibrationError, InputError
 from edgesdk.bundle.preprocess import IMAGE_SUFFIXES, Preprocess
 
-from .task_truth import TRUTH_KEYS, Truths, join_truths, read_truth
+from .validation.task_truth import TRUTH_KEYS, Truths, join_truths, read_truth
 
 
 @dataclass
@@ -147,7 +147,7 @@ def _np_load(path: Path, what: str) -> Iterator[Any]:
 
 def _read_npz(path: Path, inputs: list[TensorSpec], what: str) -> Dataset:
     """A ``.npz`` with ``x`` (one input, samples on the first axis) or one array per input name; ``y``: labels;
-    :data:`~.task_truth.TRUTH_KEYS`: a task's ground truth."""
+    :data:`~.validation.task_truth.TRUTH_KEYS`: a task's ground truth."""
     with _np_load(path, what) as npz:
         if not isinstance(npz, np.lib.npyio.NpzFile):
             raise CalibrationError(f"{what} file {path} holds a single array (a .npy?); a .npz holds named arrays: "

@@ -40,7 +40,7 @@ from edgesdk.hybrid.model import HIGH_IS_HARD, SIGNALS, signals
 from edgesdk.tasks import task_of
 from edgesdk.tasks.hardness import signals as task_signals
 
-from .task_metrics import metric_for
+from .validation.task_metrics import metric_for
 
 from . import calibration
 

@@ -17,11 +17,11 @@ from edgesdk.errors import CalibrationError, ConversionError, InputError
 from edgesdk.tasks import TaskSpec
 
 from .targets import TARGET_ENGINES
-from .recover import MODES as RECOVER_MODES
+from .recovery import MODES as RECOVER_MODES
 
 RECOVER_VAR = "EDGESDK_RECOVER"
 from .targets.tflite import IO_TYPES as TFLITE_IO
-from .validate import INT8_ERROR_CAP
+from .validation.validate import INT8_ERROR_CAP
 
 DEFAULT_SAMPLES = 300
 
@@ -47,7 +47,7 @@ class QuantizeOptions:
     artifact that fails its gate is quantized again with its most sensitive layers kept in float, the fewest that
     pass), ``on`` (also record for a passing one that nothing was needed) or ``off``; None: ``$EDGESDK_RECOVER``,
     else ``auto``; ``recover_time``: seconds for all of the run's recovery, shared by the artifacts that fail their
-    gate (None: derived from the float model, 60 s under 10 MB; :mod:`~edgesdk_converters.recover_budget`)."""
+    gate (None: derived from the float model, 60 s under 10 MB; :mod:`~edgesdk_converters.recovery.budget`)."""
 
     targets: tuple[str, ...] | None = None
     samples: int = DEFAULT_SAMPLES

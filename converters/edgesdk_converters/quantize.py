@@ -28,9 +28,9 @@ from .options import QuantizeOptions
 from .targets import TARGET_ENGINES, Built, builder
 from .toolchain_output import TAIL_LINES, captured
 from .task_choice import choose_task
-from .metric_plugin import load_metric
-from .recover import recover_bundle
-from .validate import GOLDEN_ORDER, open_for_validation, run_sample, validate
+from .validation.metric_plugin import load_metric
+from .recovery import recover_bundle
+from .validation.validate import GOLDEN_ORDER, open_for_validation, run_sample, validate
 
 # A failed target's error as the manifest keeps it (the exception raised keeps it whole): the first and last half of
 # this many characters. Converters can fail with a whole MLIR module or graph dump in their message.

@@ -135,7 +135,7 @@ def test_cpu_class_of_an_amd_zen3(tmp_path):
 # -- the golden tolerance -------------------------------------------------------------------------------------------
 
 def test_int8_tolerance_is_capped_by_the_output_range(digits_bundle):
-    from edgesdk_converters.validate import INT8_ERROR_CAP
+    from edgesdk_converters.validation.validate import INT8_ERROR_CAP
 
     m = digits_bundle.manifest
     tolerance = m["golden"]["tolerance"]

@@ -322,7 +322,7 @@ def test_the_per_output_cap_allows_a_few_int8_steps_on_an_output_that_barely_var
     """A presence score stuck near 0.995 (range 0.002) moved by one INT8 step (0.004) is not a loss; a probability
     of range 0.1 flattened by 0.096 (Silero) is."""
     from edgesdk_converters.targets import Built
-    from edgesdk_converters.validate import _Tally, _add, output_caps  # private: the tallies fed by hand
+    from edgesdk_converters.validation.validate import _Tally, _add, output_caps  # private: the tallies fed by hand
 
     rng = np.random.default_rng(0)
     golden, int8 = _Tally(), _Tally()

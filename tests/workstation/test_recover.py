@@ -343,7 +343,7 @@ def test_the_other_range_choice_passing_first_skips_the_layer_ranking(models, tm
     """One calibration input 100x the others: OpenVINO's min/max ranges span it and the artifact fails the gate; the
     mean of per-sample min/max, recovery's first trial, passes with every layer in INT8, so the layers are never
     ranked (the ranking runs a probe per layer: 38 s on the PP-OCRv4 recognizer, longer than that trial)."""
-    import edgesdk_converters.recover as recover
+    import edgesdk_converters.recovery.recover as recover
 
     ranked = []
     real = recover.sensitivity
@@ -474,7 +474,7 @@ def test_layers_that_cannot_be_read_keep_the_artifact_and_quantize_goes_on(model
     """A model whose layers a probe cannot read (an op its engine will not expose): recovery records why and keeps
     the artifact as quantized; quantize still writes the bundle and raises ValidationFailed, never the probe's error.
     (The probe is made to fail here: no real model at hand breaks a probe.)"""
-    import edgesdk_converters.recover as recover
+    import edgesdk_converters.recovery.recover as recover
 
     def unreadable(*args, **kwargs):
         raise ConversionError("layer 'x' cannot be read")

@@ -19,7 +19,7 @@ import pytest
 from edgesdk import Bundle
 from edgesdk.errors import BundleError, ValidationFailed
 from edgesdk_converters.options import QuantizeOptions
-from edgesdk_converters.recover_budget import (MAX_BUDGET, SECONDS_PER_GMAC, SMALL_BUDGET, SMALL_MODEL_BYTES, Budget,
+from edgesdk_converters.recovery.budget import (MAX_BUDGET, SECONDS_PER_GMAC, SMALL_BUDGET, SMALL_MODEL_BYTES, Budget,
                                                default_budget)
 from support import quantize
 from test_recover import ENV, SCRIPT, artifact, save_model

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgesdk_converters.layers.compare import LayerError
 # private: _check_kept reads the share from the artifact after the search; a real record never disagrees with its
 # artifact, so its note has no public door
-from edgesdk_converters.recover import Recovery, _check_kept
+from edgesdk_converters.recovery.recover import Recovery, _check_kept
 from edgesdk_converters.targets import Built
 from onnx_graphs import save_graph
 from support import quantize

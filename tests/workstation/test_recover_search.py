@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk_converters.layers.compare import LayerError
-from edgesdk_converters.recover_search import HARMLESS, SHARE_SLACK, best, harm_of, search
+from edgesdk_converters.recovery.search import HARMLESS, SHARE_SLACK, best, harm_of, search
 
 
 def row(name: str, macs: int, added_db: float = 30.0) -> LayerError:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from edgesdk.tasks import Decoded, Detection, Landmarks, Mask, TaskSpec, TextLine
-from edgesdk_converters.output_spread import OutputSpread, dead_outputs
-from edgesdk_converters.task_metrics import (DetectionAgreement, MaskAgreement, PointAgreement, Quantiles,
+from edgesdk_converters.validation.output_spread import OutputSpread, dead_outputs
+from edgesdk_converters.validation.task_metrics import (DetectionAgreement, MaskAgreement, PointAgreement, Quantiles,
                                              TextAgreement, box_iou, edit_distance, metric_for)
-from edgesdk_converters.value_metrics import EmbeddingAgreement, RawAgreement, ValueAgreement
+from edgesdk_converters.validation.value_metrics import EmbeddingAgreement, RawAgreement, ValueAgreement
 
 
 def _dets(*boxes) -> Decoded:
@@ -287,7 +287,7 @@ def test_an_output_that_is_not_finite_is_dead():
 def test_detection_fails_on_score_error_when_the_boxes_agree():
     """Boxes that all match but whose scores moved by 0.3 (a YOLO export whose INT8 scores share one scale with pixel
     coordinates) fail on the score error; 0.05 of score error passes."""
-    from edgesdk_converters.task_metrics import DETECTION_SCORE_ERROR_MAX, DetectionAgreement
+    from edgesdk_converters.validation.task_metrics import DETECTION_SCORE_ERROR_MAX, DetectionAgreement
 
     ref = _dets((0, 0, 10, 10, 0.6), (20, 20, 30, 30, 0.7, 1))
     for moved, fails in ((0.3, True), (0.05, False)):

@@ -21,9 +21,9 @@ from edgesdk.tasks.decode import decode
 from edgesdk_converters.calibration import read_dataset
 from edgesdk_converters.sources import open_source
 from edgesdk_converters.targets import builder
-from edgesdk_converters.task_truth import (DetectionTruth, MaskTruth, TextTruth, Truth, average_precision,
+from edgesdk_converters.validation.task_truth import (DetectionTruth, MaskTruth, TextTruth, Truth, average_precision,
                                            truth_score_for)
-from edgesdk_converters.validate import validate
+from edgesdk_converters.validation.validate import validate
 from support import REPO, quantize
 
 SHAPES = REPO / "samples" / "shapes"

@@ -15,10 +15,10 @@ from onnx_graphs import save_graph
 from edgesdk.errors import ConversionError
 from edgesdk.tasks import TaskSpec
 from edgesdk_converters.calibration import read_dataset
-from edgesdk_converters.metric_plugin import load_metric
+from edgesdk_converters.validation.metric_plugin import load_metric
 from edgesdk_converters.sources import open_source
 from edgesdk_converters.targets import builder
-from edgesdk_converters.validate import validate
+from edgesdk_converters.validation.validate import validate
 
 
 _save = save_graph  # (path, nodes, inputs, outputs, initializers)
@@ -184,7 +184,7 @@ def test_a_map_judged_by_its_masks_gets_a_max_tolerance_up_to_its_range_and_a_me
     map, mask IoU 0.96): its device tolerance on the largest error reaches the map's range, so the device loads
     what validation passed, while its tolerance on the mean error stays under the INT8 cap and holds the map as a
     whole. Capped (a failed artifact, or a task whose caps gate), the largest error's tolerance is the cap."""
-    from edgesdk_converters.output_errors import Tally, add, golden_tolerances, output_caps
+    from edgesdk_converters.validation.output_errors import Tally, add, golden_tolerances, output_caps
     from edgesdk_converters.targets import Built
 
     rng = np.random.default_rng(0)

@@ -22,6 +22,9 @@ from .onnx import OnnxSource
 from .tflite import TFLiteSource
 from .torch import PyTorchSource
 
+__all__ = ["ROUTES", "ROUTES_TEXT", "SUFFIXES", "TARGETS", "OnnxSource", "PyTorchSource", "Source", "TFLiteSource",
+           "open_source"]
+
 
 def open_source(source: Any, example_input: Any = None) -> Source:
     """Open a path (``.pt2``, ``.onnx``, ``.tflite``) or an ``nn.Module`` with ``example_input``."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .layers.compare import LayerError
+from ..layers.compare import LayerError
 
 MEASURE_SHARE = 0.4  # of the time cap for measuring the multiplying layers' harm one by one (step 2 of search)
 SEARCH_SHARE = 0.7  # of the time cap for finding a passing set; the rest prunes it

@@ -37,11 +37,11 @@ from edgesdk.tasks.decode import decode
 from edgesdk.tasks.geometry import Transform, input_image_size
 from edgesdk.tasks import TaskSpec, TaskType
 
-from .calibration import Dataset
+from ..calibration import Dataset
 from .metric_plugin import DEFAULT_MAX_DROP as PLUGIN_MAX_DROP, PluginScore, load_metric, metric_name
 from .output_errors import INT8_ERROR_CAP, INT8_STEPS, Tally, add, check_each_output, error_caps, golden_tolerances
 from .output_errors import output_caps
-from .targets import Built
+from ..targets import Built
 from .output_spread import OutputSpread, dead_outputs
 from .metric_base import TaskMetric
 from .task_metrics import metric_for
@@ -297,7 +297,7 @@ def _gate(out: dict, b: Built, t: Tally, spec: TaskSpec, accumulator: TaskMetric
 
 def _check_spread(out: dict, own: OutputSpread, ref: OutputSpread, names: list[str]) -> None:
     """The dead-output check: record each output's spread and its reference's, and fail the artifact when one
-    output barely varies where its reference does (:func:`~.task_metrics.dead_outputs`)."""
+    output barely varies where its reference does (:func:`~.output_spread.dead_outputs`)."""
     out["output_std"], out["reference_output_std"] = own.std(), ref.std()
     dead = dead_outputs(own, ref)
     out["dead_output"] = [names[j] if j < len(names) else f"output {j}" for j in dead]

@@ -7,14 +7,14 @@ per-sample min/max for NNCF and AI Edge Quantizer: ``OTHER_CALIBRATION``); when 
 and the layers are not ranked (the ranking below can take longer than that one trial).
 
 Which layers: first those that multiply nothing (adds, activations, pooling, softmax: no INT8 MACs lost), ranked by
-the layer-by-layer report of :mod:`.layers` (each quantized layer run alone on the float model's inputs: its *added*
+the layer-by-layer report of :mod:`..layers` (each quantized layer run alone on the float model's inputs: its *added*
 error); then the multiplying ones, each measured alone in INT8 with every other layer in float (how far that moves the
 validation outputs), cheapest harm first. Prefixes of that order are tried (1, 2, 4... then bisected) until the
 artifact passes its gate, then the set is pruned: each multiplying layer kept goes back to INT8 when the artifact
 still passes, with its own ranges or, on ONNX Runtime and LiteRT, with the other range choice on the tensors that
-layer reads (the per-layer range choice; :func:`~.recover_search.search`). Every trial re-quantizes (the float model is
+layer reads (the per-layer range choice; :func:`~.search.search`). Every trial re-quantizes (the float model is
 reused, not converted again) and validates the artifact against its float reference on the whole validation set,
-within the artifact's share of the run's recovery budget (:mod:`.recover_budget`). What was kept, why, and what it
+within the artifact's share of the run's recovery budget (:mod:`.budget`). What was kept, why, and what it
 cost is recorded in the manifest's artifact entry (``recovery``), with the INT8 MAC share read from the recovered
 artifact itself.
 """
@@ -30,14 +30,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .layers import probe_for
-from .layers.compare import LayerError, worst
-from .layers.debug import SourceModel, layer_errors
-from .layers.litert import tensor_name
-from .recover_budget import SMALL_BUDGET, SMALL_MODEL_BYTES, Budget, default_budget
-from .recover_search import SEARCH_SHARE, search
-from .targets import Built, TARGET_ENGINES, builder
-from .toolchain_output import captured
+from ..layers import probe_for
+from ..layers.compare import LayerError, worst
+from ..layers.debug import SourceModel, layer_errors
+from ..layers.litert import tensor_name
+from .budget import SMALL_BUDGET, SMALL_MODEL_BYTES, Budget, default_budget
+from .search import SEARCH_SHARE, search
+from ..targets import Built, TARGET_ENGINES, builder
+from ..toolchain_output import captured
 
 ENGINE_TARGETS = {engine: target for target, engine in TARGET_ENGINES.items()}
 MECHANISM = {"onnxruntime": "onnxruntime nodes_to_exclude", "openvino": "nncf IgnoredScope",
@@ -368,7 +368,7 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
     that passes is recorded as ``not_needed`` and left as it is). Replaces recovered artifacts in ``built`` (their
     files moved over the originals); returns what was done per artifact id, and the budget they shared (None when
     none needed recovery). ``check``: the validation entry of the first artifact of a [candidate, its float
-    reference] pair. ``time_limit``: seconds for all of them (None: :func:`~.recover_budget.default_budget` of the
+    reference] pair. ``time_limit``: seconds for all of them (None: :func:`~.budget.default_budget` of the
     golden float artifact); each failing artifact gets what is left divided by the failing artifacts still to go, and
     one that gets nothing is recorded ``out_of_time`` as quantized."""
     if mode == "off":
@@ -422,7 +422,7 @@ def recover_bundle(built: list[Built], metrics: dict[str, dict], mode: str, src,
 
 
 def _default_budget(float_model: Built, sample: list[np.ndarray], artifacts: int = 1) -> tuple[float, str]:
-    """:func:`~.recover_budget.default_budget` of a float artifact and ``artifacts`` failing INT8 artifacts: its files'
+    """:func:`~.budget.default_budget` of a float artifact and ``artifacts`` failing INT8 artifacts: its files'
     size, and its MACs read by the engine's probe when the size alone does not settle the budget (a model the probe
     cannot read goes by size)."""
     size = sum(Path(f).stat().st_size for f in float_model.files)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .targets import Built
+from ..targets import Built
 
 # An INT8 artifact may be off the golden float outputs by at most this share of their range (max - min over the
 # validation set). Sound INT8 stays well below it (the digits CNN: 0.5 %; a random CNN ending in a softmax over near-equal
