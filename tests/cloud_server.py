@@ -58,6 +58,34 @@ SERVE_API = "import json, sys; from edgesdk_cloud.server import serve; " \
             "serve(sys.argv[1], port=int(sys.argv[2]), **json.loads(sys.argv[3]))"
 
 
+def wait_ready(proc: subprocess.Popen, ready, what: str, output, give_up, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Wait until ``ready()`` is true for the server ``proc`` (``what`` names it in a failure, with the tail of
+    ``output()``); fail the test if it exits first, or after ``timeout_s`` (calling ``give_up()`` first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode} before it was ready:\n{output()[-4000:]}",
+                        pytrace=False)
+        try:
+            if ready():
+                return
+        except OSError:  # not listening yet
+            pass
+        time.sleep(0.1)
+    give_up()
+    pytest.fail(f"{what} was not ready after {timeout_s} s:\n{output()[-4000:]}", pytrace=False)
+
+
+def terminate(proc: subprocess.Popen) -> int:
+    """SIGTERM (a clean stop), SIGKILL after 30 s; the exit code."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 class CloudServer:
     """``edgesdk serve BUNDLE ARGS...`` from the cloud venv, on a free port; a context manager.
 
@@ -92,20 +120,9 @@ class CloudServer:
         with open(self.log, "wb") as log:  # a file, not a pipe: a chatty server never blocks on a full pipe
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent,
                                          env=self.env)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"`{' '.join(command)}` exited with {self.proc.returncode} before it was ready:\n"
-                            f"{self.output()[-4000:]}", pytrace=False)
-            try:
-                if call(f"{self.url}/v2/health/ready", timeout_s=2)[0] == 200:
-                    return self
-            except OSError:  # not listening yet
-                pass
-            time.sleep(0.1)
-        self.stop()
-        pytest.fail(f"`{' '.join(command)}` was not ready after {READY_TIMEOUT_S} s:\n{self.output()[-4000:]}",
-                    pytrace=False)
+        wait_ready(self.proc, lambda: call(f"{self.url}/v2/health/ready", timeout_s=2)[0] == 200,
+                   f"`{' '.join(command)}`", self.output, self.stop)
+        return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -113,12 +130,7 @@ class CloudServer:
     def stop(self) -> None:
         if self.proc is None or self.returncode is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.returncode = self.proc.wait()
+        self.returncode = terminate(self.proc)
 
     def output(self) -> str:
         """What the server wrote so far (stdout and stderr, interleaved)."""

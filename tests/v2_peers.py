@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -98,38 +96,22 @@ class PeerServer:
         return root
 
     def __enter__(self) -> "PeerServer":
-        import pytest
-
-        from cloud_server import call
+        from cloud_server import call, wait_ready
 
         command, env = self._command()
         with open(self.log, "wb") as log:  # a file, not a pipe: a chatty server never blocks on a full pipe
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env=env)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the {self.kind} peer exited with {self.proc.returncode} before it was ready:\n"
-                            f"{self.output()[-4000:]}", pytrace=False)
-            try:
-                if call(f"{self.url}/v2/health/ready", timeout_s=2)[0] == 200 and \
-                        all(call(f"{self.url}/v2/models/{name}/ready", timeout_s=2)[0] == 200 for name in MODELS):
-                    return self
-            except OSError:  # not listening yet
-                pass
-            time.sleep(0.2)
-        self.__exit__()
-        pytest.fail(f"the {self.kind} peer was not ready after {READY_TIMEOUT_S} s:\n{self.output()[-4000:]}",
-                    pytrace=False)
+        wait_ready(self.proc, lambda: call(f"{self.url}/v2/health/ready", timeout_s=2)[0] == 200 and all(
+            call(f"{self.url}/v2/models/{name}/ready", timeout_s=2)[0] == 200 for name in MODELS),
+            f"the {self.kind} peer", self.output, self.__exit__, READY_TIMEOUT_S)
+        return self
 
     def __exit__(self, *exc) -> None:
+        from cloud_server import terminate
+
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -182,11 +182,13 @@ class EscalationPolicy:
             return replace(self, threshold=float(calibrated["threshold"]))
         return replace(self, threshold=DEFAULT_THRESHOLDS[self.signal])
 
-    def reason(self, sig: dict[str, float | None]) -> EscalationReason | None:
-        """Why this prediction should escalate (``low_confidence``, ``out_of_range``), or None."""
+    def reason(self, sig: dict[str, float | None], threshold: float | None = None) -> EscalationReason | None:
+        """Why this prediction should escalate (``low_confidence``, ``out_of_range``), or None. ``threshold``: the
+        one in force when it is not the policy's (a budget's, or moved by the monitor)."""
         value = sig.get(self.signal)
-        if value is not None and self.threshold is not None:
-            if (value > self.threshold) if self.signal in HIGH_IS_HARD else (value < self.threshold):
+        threshold = self.threshold if threshold is None else threshold
+        if value is not None and threshold is not None:
+            if (value > threshold) if self.signal in HIGH_IS_HARD else (value < threshold):
                 return EscalationReason.LOW_CONFIDENCE
         clipped = sig.get("clipped_share")
         if self.max_clipped is not None and clipped is not None and clipped > self.max_clipped:
@@ -289,18 +291,19 @@ class HybridModel(Closeable):
                            skipped)
         return result
 
-    def _policy(self) -> EscalationPolicy:
-        """The policy, its threshold the budget's (a target rate) or moved toward escalating more by the monitor's
-        ``escalate_more`` shift (which a target rate takes as a higher rate instead)."""
+    def _threshold(self) -> float | None:
+        """The threshold in force: the budget's (a target rate), else the policy's moved toward escalating more by
+        the monitor's ``escalate_more`` shift (which a target rate takes as a higher rate instead). A number, not a
+        new policy: this runs on every prediction."""
         budget = self.escalation
         if budget is not None and budget.tracking:
-            return replace(self.policy, threshold=budget.threshold)
+            return budget.threshold
         monitor = self.monitor
         shift = monitor.escalation_shift if monitor is not None else 0.0
         if not shift or self.policy.threshold is None:
-            return self.policy
+            return self.policy.threshold
         moved = self.policy.threshold - shift if self.policy.signal in HIGH_IS_HARD else self.policy.threshold + shift
-        return replace(self.policy, threshold=min(1.0, max(0.0, moved)))
+        return min(1.0, max(0.0, moved))
 
     def _predict(self, x: Any, mode: str | None) -> Any:
         mode = self.mode if mode is None else HybridMode.parse(mode, "hybrid mode", InputError)
@@ -330,7 +333,7 @@ class HybridModel(Closeable):
             return self._escalate(feeds, t0, EscalationReason.NO_BACKEND, None, exc, where)
         sig = self.signals(result, feeds)
         result.signals = sig
-        reason = self._policy().reason(sig)
+        reason = self.policy.reason(sig, self._threshold())
         budget = self.escalation
         if budget is not None:
             monitor = self.monitor
